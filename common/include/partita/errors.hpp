@@ -1,0 +1,35 @@
+// Error types shared by the reference and the MPI implementation.
+//
+// Every error partita raises derives from partita::Error, so a caller can
+// catch one type. The message always names the operation and the inputs
+// that were wrong, because in a distributed run the same exception is raised
+// on every rank involved and the first line of the log must be enough.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace partita {
+
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Partitions that break the broadcast/reduction rules, bad worker lists,
+// shapes whose volume does not match the team, inconsistent arguments.
+struct PartitionError : Error {
+  using Error::Error;
+};
+
+// Tensors or shapes that disagree with the partitions.
+struct ShapeError : Error {
+  using Error::Error;
+};
+
+// An MPI call returned an error code.
+struct MpiError : Error {
+  MpiError(const std::string& what, int code) : Error(what), code(code) {}
+  int code;
+};
+
+}  // namespace partita

@@ -1,0 +1,70 @@
+#include "partita/rules.hpp"
+
+#include <algorithm>
+
+#include "partita/errors.hpp"
+
+namespace partita {
+
+namespace {
+
+Shape oriented(Shape s, bool transposed) {
+  if (transposed) std::reverse(s.begin(), s.end());
+  return s;
+}
+
+Shape padded(const Shape& s, size_t dim) {
+  Shape out(dim - s.size(), 1);
+  out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
+
+// `small` is the side that may hold ones where `big` does not (the source of
+// a broadcast, the destination of a reduction).
+void check_compatible(const std::string& what, const Shape& px, const Shape& py,
+                      bool ts, bool td, const Shape& small, const Shape& big,
+                      const char* small_name) {
+  auto describe = [&] {
+    return what + ": P_x " + shape_string(px) + (ts ? " (transposed)" : "") +
+           " and P_y " + shape_string(py) + (td ? " (transposed)" : "");
+  };
+  if (small.size() > big.size())
+    throw PartitionError(describe() + " break the " + what + " rules: dim(" +
+                         small_name + ") must not exceed the other's");
+  const Shape s = padded(small, big.size());
+  for (size_t d = 0; d < big.size(); ++d) {
+    if (s[d] != 1 && s[d] != big[d])
+      throw PartitionError(describe() + " break the " + what +
+                           " rules: effective shapes " + shape_string(s) +
+                           " and " + shape_string(big) + " differ in dimension " +
+                           std::to_string(d) + " where " + small_name +
+                           " is not 1");
+  }
+}
+
+}  // namespace
+
+EffectiveShapes broadcast_shapes(const Shape& px, const Shape& py,
+                                 bool transpose_src, bool transpose_dest) {
+  const Shape x = oriented(px, transpose_src), y = oriented(py, transpose_dest);
+  check_compatible("broadcast", px, py, transpose_src, transpose_dest, x, y,
+                   "P_x");
+  return {padded(x, y.size()), y};
+}
+
+EffectiveShapes reduction_shapes(const Shape& px, const Shape& py,
+                                 bool transpose_src, bool transpose_dest) {
+  const Shape x = oriented(px, transpose_src), y = oriented(py, transpose_dest);
+  check_compatible("reduction", px, py, transpose_src, transpose_dest, y, x,
+                   "P_y");
+  return {x, padded(y, x.size())};
+}
+
+Index effective_index(const Index& index, bool transposed, size_t dim) {
+  const Index i = oriented(index, transposed);
+  Index out(dim - i.size(), 0);  // padded dimensions have extent 1: index 0
+  out.insert(out.end(), i.begin(), i.end());
+  return out;
+}
+
+}  // namespace partita

@@ -1,0 +1,112 @@
+// Partitions over MPI: the seed's Partition and CartesianPartition, seen from
+// the calling rank.
+//
+// Every rank that holds a Partition object knows the partition's team (world
+// ranks, in partition-rank order) and shape, whether or not it is a member;
+// only members are `active` and own a communicator. An inactive rank never
+// communicates through the partition. The null partition (the seed's "n/a",
+// e.g. P_send of a worker outside P_x) has no team at all.
+//
+// Who must call what (collective semantics, docs/partitions.md):
+//  - create_partition_inclusive, create_cartesian_subtopology_partition,
+//    create_allreduction_partition, broadcast_data, allgather_data:
+//    every active member of the calling partition (inactive callers return
+//    at once without communicating);
+//  - create_partition_union, create_broadcast_partition_to,
+//    create_reduction_partition_to: every rank of the world, as every rank
+//    builds every DistDL layer;
+//  - create_cartesian_topology_partition and the queries: local.
+// Arguments are checked to agree across the ranks of the collective; a
+// disagreement or a rule violation raises PartitionError on all of them.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "partita/shape.hpp"
+
+namespace partita::mpi {
+
+using Bytes = std::string;
+
+class CartesianPartition;
+
+class Partition {
+ public:
+  Partition();  // the null partition
+  // The whole world (partita's duplicate of MPI_COMM_WORLD), unstructured.
+  static Partition world();
+
+  bool is_null() const;
+  bool active() const;
+  int size() const;
+  int rank() const;  // -1 when inactive
+  const Shape& shape() const;
+  Index index() const;  // all -1 when inactive
+  bool cartesian() const;
+  const Ranks& workers() const;  // world ranks, in partition-rank order
+  MPI_Comm comm() const;         // MPI_COMM_NULL when inactive
+
+  Partition create_partition_inclusive(const Ranks& ranks) const;
+  Partition create_partition_union(const Partition& other) const;
+  CartesianPartition create_cartesian_topology_partition(const Shape& shape) const;
+  Partition create_allreduction_partition(const std::vector<int>& axes) const;
+  // {P_send, P_recv}; roots are rank 0 of their partitions.
+  std::pair<Partition, Partition> create_broadcast_partition_to(
+      const Partition& P_y, bool transpose_src = false, bool transpose_dest = false) const;
+  std::pair<Partition, Partition> create_reduction_partition_to(
+      const Partition& P_y, bool transpose_src = false, bool transpose_dest = false) const;
+
+  bool operator==(const Partition& other) const;
+  bool operator!=(const Partition& other) const { return !(*this == other); }
+
+  // Inactive ranks get an empty result without communicating.
+  Bytes broadcast_data(const Bytes& data, int root = 0) const;
+  // Second mode: the root is rank `root` of P_data (a sub-partition of this
+  // one); found by a reduction, so ranks outside P_data may pass any view.
+  Bytes broadcast_data(const Bytes& data, int root, const Partition& P_data) const;
+  std::vector<Bytes> allgather_data(const Bytes& data) const;
+
+  std::string describe() const;
+
+  // Implementation detail (team, shape, communicator): partitions are made
+  // by world() and the create_* members, not from a State by users.
+  struct State;
+  explicit Partition(std::shared_ptr<const State> s);
+
+ protected:
+  std::shared_ptr<const State> s_;
+};
+
+class CartesianPartition : public Partition {
+ public:
+  CartesianPartition() = default;
+  Index cartesian_index(int rank) const;
+  // Per dimension {left, right} neighbour ranks, -1 on a boundary.
+  std::vector<std::pair<int, int>> neighbor_ranks(int rank) const;
+  CartesianPartition create_cartesian_subtopology_partition(
+      const std::vector<bool>& remain) const;
+
+ private:
+  friend class Partition;
+  explicit CartesianPartition(std::shared_ptr<const State> s) : Partition(std::move(s)) {}
+};
+
+// Typed helpers for broadcast_data / allgather_data payloads.
+template <typename T>
+Bytes pack(const std::vector<T>& values) {
+  return Bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+template <typename T>
+std::vector<T> unpack(const Bytes& bytes) {
+  std::vector<T> out(bytes.size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+}  // namespace partita::mpi

@@ -1,0 +1,520 @@
+#include "partita/mpi/partition.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <functional>
+#include <set>
+
+#include "partita/errors.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/rules.hpp"
+
+namespace partita::mpi {
+
+namespace {
+
+// Owns a communicator; frees it unless MPI is already finalized.
+struct CommHandle {
+  MPI_Comm comm = MPI_COMM_NULL;
+  bool owned = false;
+  ~CommHandle() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned && comm != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm);
+  }
+};
+
+}  // namespace
+
+struct Partition::State {
+  Ranks workers;
+  Shape shape;
+  bool cartesian = false;
+  int rank = -1;
+  std::shared_ptr<CommHandle> comm;  // null when inactive
+};
+
+namespace {
+
+using StatePtr = std::shared_ptr<Partition::State>;
+
+int position(const Ranks& team, int worker) {
+  const auto it = std::find(team.begin(), team.end(), worker);
+  return it == team.end() ? -1 : static_cast<int>(it - team.begin());
+}
+
+std::shared_ptr<CommHandle> borrowed(MPI_Comm comm) {
+  auto h = std::make_shared<CommHandle>();
+  h->comm = comm;
+  return h;
+}
+
+// Creates the communicator of `team` (world ranks) out of `parent`. Only the
+// members call it (MPI_Comm_create_group is collective over the group alone).
+std::shared_ptr<CommHandle> create_comm(MPI_Comm parent, const Ranks& team, int tag) {
+  MPI_Group world_group, group;
+  PARTITA_MPI_CHECK(MPI_Comm_group(world_comm(), &world_group));
+  PARTITA_MPI_CHECK(MPI_Group_incl(world_group, static_cast<int>(team.size()),
+                                   team.data(), &group));
+  auto h = std::make_shared<CommHandle>();
+  h->owned = true;
+  const int code = MPI_Comm_create_group(parent, group, tag, &h->comm);
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  PARTITA_MPI_CHECK(code);
+  MPI_Comm_set_errhandler(h->comm, MPI_ERRORS_RETURN);
+  return h;
+}
+
+// A view of `team` from this rank, with a communicator if it is a member.
+StatePtr make_state(const Ranks& team, const Shape& shape, bool cartesian) {
+  auto s = std::make_shared<Partition::State>();
+  s->workers = team;
+  s->shape = shape;
+  s->cartesian = cartesian;
+  s->rank = position(team, world_rank());
+  return s;
+}
+
+// Validates a team before any communicator is built from it.
+void check_team(const char* what, const Ranks& team, const Shape& shape) {
+  std::set<int> seen;
+  for (int w : team) {
+    if (w < 0 || w >= world_size())
+      throw PartitionError(std::string(what) + ": worker " + std::to_string(w) +
+                           " is outside a world of " + std::to_string(world_size()));
+    if (!seen.insert(w).second)
+      throw PartitionError(std::string(what) + ": worker " + std::to_string(w) +
+                           " listed twice in [" + list_string(team) + "]");
+  }
+  if (team.empty()) throw PartitionError(std::string(what) + ": empty team");
+  if (volume(shape) != static_cast<int64_t>(team.size()))
+    throw PartitionError(std::string(what) + ": shape " + shape_string(shape) +
+                         " does not fit " + std::to_string(team.size()) + " workers");
+}
+
+// A fingerprint of a call's arguments, to check that every rank of a
+// collective passed the same ones.
+struct Fingerprint {
+  uint64_t h = 1469598103934665603ull;
+  void add(int64_t v) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= static_cast<uint64_t>((v >> (8 * b)) & 0xff);
+      h *= 1099511628211ull;
+    }
+  }
+  void add(const std::vector<int64_t>& v) {
+    add(static_cast<int64_t>(v.size()));
+    for (auto x : v) add(x);
+  }
+  void add(const Ranks& v) { add(std::vector<int64_t>(v.begin(), v.end())); }
+  void add(const std::string& s) {
+    for (char c : s) add(static_cast<int64_t>(c));
+  }
+};
+
+// Throws PartitionError on every rank of `comm` unless all passed the same
+// fingerprint and none failed locally (`local_error` non-empty). The same
+// message reaches every rank: the lowest failing rank's text is broadcast.
+void agree(MPI_Comm comm, const char* what, const Fingerprint& f,
+           const std::string& local_error = "") {
+  // max of {h, -h, failed} gives max(h), -min(h) and whether anyone failed.
+  const int64_t h = static_cast<int64_t>(f.h >> 2);
+  int64_t in[3] = {h, -h, local_error.empty() ? 0 : 1}, out[3];
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Iallreduce(in, out, 3, MPI_INT64_T, MPI_MAX, comm, &req));
+  wait(req, what);
+  if (out[2]) {
+    // Share the first failing rank's message so every rank says the same.
+    int me = 0;
+    MPI_Comm_rank(comm, &me);
+    int first_in = local_error.empty() ? INT_MAX : me, first = 0;
+    PARTITA_MPI_CHECK(MPI_Iallreduce(&first_in, &first, 1, MPI_INT, MPI_MIN, comm, &req));
+    wait(req, what);
+    int64_t len = static_cast<int64_t>(local_error.size());
+    PARTITA_MPI_CHECK(MPI_Ibcast(&len, 1, MPI_INT64_T, first, comm, &req));
+    wait(req, what);
+    std::string text = local_error;
+    text.resize(len);
+    PARTITA_MPI_CHECK(MPI_Ibcast(text.data(), static_cast<int>(len), MPI_CHAR, first,
+                                 comm, &req));
+    wait(req, what);
+    throw PartitionError(text);
+  }
+  if (out[0] != -out[1])
+    throw PartitionError(std::string(what) +
+                         ": the ranks of the collective passed different arguments");
+}
+
+// Runs `body` (which validates arguments and may throw), then agrees on the
+// outcome over `comm` so that either every rank goes on or every rank throws.
+template <typename Body>
+void checked(MPI_Comm comm, const char* what, const Fingerprint& f, Body&& body) {
+  std::string error;
+  try {
+    body();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(comm, what, f, error);
+}
+
+}  // namespace
+
+Partition::Partition() = default;
+Partition::Partition(std::shared_ptr<const State> s) : s_(std::move(s)) {}
+
+Partition Partition::world() {
+  Ranks all(world_size());
+  for (int i = 0; i < world_size(); ++i) all[i] = i;
+  auto s = make_state(all, {world_size()}, false);
+  s->comm = borrowed(world_comm());
+  return Partition(s);
+}
+
+bool Partition::is_null() const { return !s_; }
+bool Partition::active() const { return s_ && s_->rank >= 0; }
+int Partition::size() const { return s_ ? static_cast<int>(s_->workers.size()) : 0; }
+int Partition::rank() const { return s_ ? s_->rank : -1; }
+const Shape& Partition::shape() const {
+  static const Shape none;
+  return s_ ? s_->shape : none;
+}
+Index Partition::index() const {
+  if (!s_) return {};
+  if (s_->rank < 0) return Index(s_->shape.size(), -1);
+  return unravel(s_->rank, s_->shape);
+}
+bool Partition::cartesian() const { return s_ && s_->cartesian; }
+const Ranks& Partition::workers() const {
+  static const Ranks none;
+  return s_ ? s_->workers : none;
+}
+MPI_Comm Partition::comm() const {
+  return active() && s_->comm ? s_->comm->comm : MPI_COMM_NULL;
+}
+
+std::string Partition::describe() const {
+  if (!s_) return "the null partition";
+  return shape_string(s_->shape) + " on workers [" + list_string(s_->workers) + "]";
+}
+
+Partition Partition::create_partition_inclusive(const Ranks& ranks) const {
+  if (!s_) throw PartitionError("create_partition_inclusive on the null partition");
+  Ranks team;
+  auto build = [&] {
+    for (int r : ranks) {
+      if (r < 0 || r >= size())
+        throw PartitionError("create_partition_inclusive: rank " + std::to_string(r) +
+                             " is not in " + describe());
+      team.push_back(s_->workers[r]);
+    }
+    check_team("create_partition_inclusive", team, {static_cast<int64_t>(team.size())});
+  };
+  if (!active()) {  // no communication: just the view
+    build();
+    return Partition(make_state(team, {static_cast<int64_t>(team.size())}, false));
+  }
+  Fingerprint f;
+  f.add(std::string("inclusive"));
+  f.add(ranks);
+  checked(comm(), "create_partition_inclusive", f, build);
+  auto s = make_state(team, {static_cast<int64_t>(team.size())}, false);
+  if (s->rank >= 0) s->comm = create_comm(comm(), team, 0);
+  return Partition(s);
+}
+
+Partition Partition::create_partition_union(const Partition& other) const {
+  Ranks team = workers();
+  for (int w : other.workers())
+    if (position(team, w) < 0) team.push_back(w);
+  Fingerprint f;
+  f.add(std::string("union"));
+  f.add(workers());
+  f.add(other.workers());
+  checked(world_comm(), "create_partition_union", f, [] {});
+  if (team.empty()) return Partition();
+  // Same team as one of the two? Share its communicator.
+  auto s = make_state(team, {static_cast<int64_t>(team.size())}, false);
+  if (s->rank >= 0) {
+    if (team == workers() && active()) {
+      s->comm = s_->comm;
+    } else if (team == other.workers() && other.active()) {
+      s->comm = other.s_->comm;
+    } else {
+      s->comm = create_comm(world_comm(), team, 0);
+    }
+  }
+  return Partition(s);
+}
+
+CartesianPartition Partition::create_cartesian_topology_partition(const Shape& shape) const {
+  if (!s_) throw PartitionError("create_cartesian_topology_partition on the null partition");
+  if (shape.empty() || volume(shape) != size())
+    throw PartitionError("create_cartesian_topology_partition: shape " +
+                         shape_string(shape) + " does not fit " + describe());
+  // Same team, same order: the communicator is shared, not duplicated.
+  auto s = std::make_shared<State>(*s_);
+  s->shape = shape;
+  s->cartesian = true;
+  return CartesianPartition(s);
+}
+
+namespace {
+
+// The sub-grid of `shape` that contains `index` and varies along `remain`:
+// its members' ranks in row-major order, found by counting through the
+// remaining dimensions with the others held fixed.
+std::vector<int64_t> subgrid(const Shape& shape, const Index& index,
+                             const std::vector<bool>& remain) {
+  Shape sub;
+  std::vector<size_t> dims;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (remain[d]) {
+      sub.push_back(shape[d]);
+      dims.push_back(d);
+    }
+  std::vector<int64_t> out;
+  for (int64_t k = 0; k < volume(sub); ++k) {
+    Index full = index;
+    const Index part = unravel(k, sub);
+    for (size_t j = 0; j < dims.size(); ++j) full[dims[j]] = part[j];
+    out.push_back(ravel(full, shape));
+  }
+  return out;
+}
+
+// Builds the sub-grid view for this rank: shape kept along `remain` ({1} if
+// nothing remains), a communicator among the sub-grid's members.
+StatePtr subgrid_state(const Partition& P, MPI_Comm comm, const std::vector<bool>& remain,
+                       bool cartesian) {
+  const Index me = P.index();
+  Ranks team;
+  for (auto r : subgrid(P.shape(), me, remain)) team.push_back(P.workers()[r]);
+  Shape sub;
+  for (size_t d = 0; d < remain.size(); ++d)
+    if (remain[d]) sub.push_back(P.shape()[d]);
+  if (!cartesian || sub.empty()) sub = {static_cast<int64_t>(team.size())};
+  auto s = make_state(team, sub, cartesian);
+  s->comm = create_comm(comm, team, 0);
+  return s;
+}
+
+}  // namespace
+
+CartesianPartition CartesianPartition::create_cartesian_subtopology_partition(
+    const std::vector<bool>& remain) const {
+  if (!s_) throw PartitionError("create_cartesian_subtopology_partition on the null partition");
+  if (!active()) return CartesianPartition();
+  Fingerprint f;
+  f.add(std::string("subtopology"));
+  for (bool b : remain) f.add(b ? 1 : 0);
+  checked(comm(), "create_cartesian_subtopology_partition", f, [&] {
+    if (remain.size() != shape().size())
+      throw PartitionError("create_cartesian_subtopology_partition: " +
+                           std::to_string(remain.size()) + " flags for " + describe());
+  });
+  return CartesianPartition(subgrid_state(*this, comm(), remain, true));
+}
+
+Partition Partition::create_allreduction_partition(const std::vector<int>& axes) const {
+  if (!s_) throw PartitionError("create_allreduction_partition on the null partition");
+  if (!active()) return Partition();
+  std::vector<bool> remain(shape().size(), false);
+  Fingerprint f;
+  f.add(std::string("allreduction"));
+  f.add(std::vector<int64_t>(axes.begin(), axes.end()));
+  checked(comm(), "create_allreduction_partition", f, [&] {
+    for (int a : axes) {
+      if (a < 0 || a >= static_cast<int>(shape().size()))
+        throw PartitionError("create_allreduction_partition: axis " + std::to_string(a) +
+                             " outside " + describe());
+      remain[a] = true;
+    }
+  });
+  return Partition(subgrid_state(*this, comm(), remain, false));
+}
+
+namespace {
+
+// Maps an effective index (padded to the other side's dimension, maybe
+// reversed) back to the rank the worker has in its own partition.
+int64_t own_rank(const Index& effective, const Shape& own_shape, bool transposed) {
+  Index idx(effective.end() - static_cast<long>(own_shape.size()), effective.end());
+  if (transposed) std::reverse(idx.begin(), idx.end());
+  return ravel(idx, own_shape);
+}
+
+// Builds the teams of a broadcast (roots = P_x) or reduction (roots = P_y):
+// every worker of `others` finds its root by arithmetic on its index, then
+// each team is [root] + its others in their rank order. Returns this rank's
+// {team label where it is a root, team label where it is an other}.
+struct Teams {
+  std::vector<Ranks> teams;
+  int root_label = -1, other_label = -1;
+};
+Teams root_teams(const Partition& roots, bool roots_t, const Partition& others,
+                 bool others_t, const Shape& narrow) {
+  Teams out;
+  out.teams.resize(roots.size());
+  for (int r = 0; r < roots.size(); ++r) out.teams[r] = {roots.workers()[r]};
+  for (int o = 0; o < others.size(); ++o) {
+    Index e = effective_index(unravel(o, others.shape()), others_t, narrow.size());
+    for (size_t d = 0; d < narrow.size(); ++d)
+      if (narrow[d] == 1) e[d] = 0;
+    const auto r = own_rank(e, roots.shape(), roots_t);
+    const int w = others.workers()[o];
+    if (w != out.teams[r][0]) out.teams[r].push_back(w);
+    if (w == world_rank()) out.other_label = static_cast<int>(r);
+  }
+  out.root_label = roots.rank();
+  return out;
+}
+
+// Creates the communicators of this rank's (at most two) teams, in
+// increasing label order on every rank so that overlapping creations cannot
+// deadlock; a team used for both roles gets one communicator.
+std::pair<Partition, Partition> team_partitions(const Teams& t, bool root_sends) {
+  std::vector<int> labels;
+  for (int l : {t.root_label, t.other_label})
+    if (l >= 0 && std::find(labels.begin(), labels.end(), l) == labels.end())
+      labels.push_back(l);
+  std::sort(labels.begin(), labels.end());
+  std::vector<Partition> made(t.teams.size());
+  for (int l : labels) {
+    auto s = make_state(t.teams[l], {static_cast<int64_t>(t.teams[l].size())}, false);
+    s->comm = create_comm(world_comm(), t.teams[l], l % 32767);
+    made[l] = Partition(s);
+  }
+  Partition as_root = t.root_label >= 0 ? made[t.root_label] : Partition();
+  Partition as_other = t.other_label >= 0 ? made[t.other_label] : Partition();
+  return root_sends ? std::make_pair(as_root, as_other) : std::make_pair(as_other, as_root);
+}
+
+Fingerprint pair_fingerprint(const char* what, const Partition& a, const Partition& b,
+                             bool ts, bool td) {
+  Fingerprint f;
+  f.add(std::string(what));
+  f.add(a.workers());
+  f.add(a.shape());
+  f.add(b.workers());
+  f.add(b.shape());
+  f.add(ts ? 1 : 0);
+  f.add(td ? 1 : 0);
+  return f;
+}
+
+}  // namespace
+
+std::pair<Partition, Partition> Partition::create_broadcast_partition_to(
+    const Partition& P_y, bool transpose_src, bool transpose_dest) const {
+  EffectiveShapes eff;
+  checked(world_comm(), "create_broadcast_partition_to",
+          pair_fingerprint("broadcast", *this, P_y, transpose_src, transpose_dest), [&] {
+            if (is_null() || P_y.is_null())
+              throw PartitionError("create_broadcast_partition_to: null partition");
+            eff = broadcast_shapes(shape(), P_y.shape(), transpose_src, transpose_dest);
+          });
+  return team_partitions(root_teams(*this, transpose_src, P_y, transpose_dest, eff.src),
+                         true);
+}
+
+std::pair<Partition, Partition> Partition::create_reduction_partition_to(
+    const Partition& P_y, bool transpose_src, bool transpose_dest) const {
+  EffectiveShapes eff;
+  checked(world_comm(), "create_reduction_partition_to",
+          pair_fingerprint("reduction", *this, P_y, transpose_src, transpose_dest), [&] {
+            if (is_null() || P_y.is_null())
+              throw PartitionError("create_reduction_partition_to: null partition");
+            eff = reduction_shapes(shape(), P_y.shape(), transpose_src, transpose_dest);
+          });
+  return team_partitions(root_teams(P_y, transpose_dest, *this, transpose_src, eff.dst),
+                         false);
+}
+
+bool Partition::operator==(const Partition& other) const {
+  return workers() == other.workers() && shape() == other.shape() &&
+         cartesian() == other.cartesian();
+}
+
+Bytes Partition::broadcast_data(const Bytes& data, int root) const {
+  if (!active()) return {};
+  Fingerprint f;
+  f.add(std::string("broadcast_data"));
+  f.add(root);
+  checked(comm(), "broadcast_data", f, [&] {
+    if (root < 0 || root >= size())
+      throw PartitionError("broadcast_data: root " + std::to_string(root) + " outside " +
+                           describe());
+  });
+  int64_t len = static_cast<int64_t>(data.size());
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Ibcast(&len, 1, MPI_INT64_T, root, comm(), &req));
+  wait(req, "broadcast_data");
+  if (len > INT_MAX) throw Error("broadcast_data: payload larger than INT_MAX bytes");
+  Bytes out = rank() == root ? data : Bytes(static_cast<size_t>(len), '\0');
+  PARTITA_MPI_CHECK(
+      MPI_Ibcast(out.data(), static_cast<int>(len), MPI_BYTE, root, comm(), &req));
+  wait(req, "broadcast_data");
+  return out;
+}
+
+Bytes Partition::broadcast_data(const Bytes& data, int root, const Partition& P_data) const {
+  if (!active()) return {};
+  // Which of our ranks is rank `root` of P_data? Exactly one member knows.
+  int mine = P_data.active() && P_data.rank() == root ? rank() : -1, found = -1;
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Iallreduce(&mine, &found, 1, MPI_INT, MPI_MAX, comm(), &req));
+  wait(req, "broadcast_data");
+  if (found < 0)
+    throw PartitionError("broadcast_data: rank " + std::to_string(root) +
+                         " of P_data is not a member of " + describe());
+  return broadcast_data(data, found);
+}
+
+std::vector<Bytes> Partition::allgather_data(const Bytes& data) const {
+  if (!active()) return {};
+  if (data.size() > static_cast<size_t>(INT_MAX))
+    throw Error("allgather_data: payload larger than INT_MAX bytes");
+  int len = static_cast<int>(data.size());
+  std::vector<int> lens(size()), displs(size());
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm(), &req));
+  wait(req, "allgather_data");
+  int64_t total = 0;
+  for (int i = 0; i < size(); ++i) {
+    displs[i] = static_cast<int>(total);
+    total += lens[i];
+  }
+  if (total > INT_MAX) throw Error("allgather_data: gathered payload larger than INT_MAX");
+  Bytes all(static_cast<size_t>(total), '\0');
+  PARTITA_MPI_CHECK(MPI_Iallgatherv(data.data(), len, MPI_BYTE, all.data(), lens.data(),
+                                    displs.data(), MPI_BYTE, comm(), &req));
+  wait(req, "allgather_data");
+  std::vector<Bytes> out;
+  for (int i = 0; i < size(); ++i) out.push_back(all.substr(displs[i], lens[i]));
+  return out;
+}
+
+Index CartesianPartition::cartesian_index(int rank) const {
+  if (rank < 0 || rank >= size())
+    throw PartitionError("cartesian_index: rank " + std::to_string(rank) + " outside " +
+                         describe());
+  return unravel(rank, shape());
+}
+
+std::vector<std::pair<int, int>> CartesianPartition::neighbor_ranks(int rank) const {
+  const Index me = cartesian_index(rank);
+  std::vector<std::pair<int, int>> out;
+  for (size_t d = 0; d < me.size(); ++d) {
+    Index lo = me, hi = me;
+    --lo[d];
+    ++hi[d];
+    out.emplace_back(lo[d] >= 0 ? static_cast<int>(ravel(lo, shape())) : -1,
+                     hi[d] < shape()[d] ? static_cast<int>(ravel(hi, shape())) : -1);
+  }
+  return out;
+}
+
+}  // namespace partita::mpi

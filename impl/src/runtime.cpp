@@ -1,0 +1,126 @@
+#include "partita/mpi/runtime.hpp"
+
+#include <sched.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include "partita/errors.hpp"
+
+namespace partita::mpi {
+
+namespace {
+MPI_Comm g_world = MPI_COMM_NULL;
+int g_rank = 0;
+int g_size = 1;
+WaitPolicy g_policy = WaitPolicy::Yield;
+double g_timeout = 0;  // seconds; 0 = no watchdog
+
+WaitPolicy policy_from_environment() {
+  const char* env = std::getenv("PARTITA_WAIT");
+  const std::string v = env ? env : "auto";
+  if (v == "spin") return WaitPolicy::Spin;
+  if (v == "yield") return WaitPolicy::Yield;
+  if (v != "auto")
+    std::cerr << "partita: PARTITA_WAIT='" << v
+              << "' is not spin, yield or auto; using auto\n";
+  int local = g_size;
+  if (const char* n = std::getenv("MPI_LOCALNRANKS")) local = std::atoi(n);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return local > static_cast<int>(cores) ? WaitPolicy::Yield : WaitPolicy::Spin;
+}
+
+[[noreturn]] void watchdog_fired(const char* what, double waited) {
+  std::fprintf(stderr,
+               "partita: rank %d waited %.1f s (PARTITA_WAIT_TIMEOUT) in %s; "
+               "aborting the job instead of hanging\n",
+               g_rank, waited, what);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::abort();
+}
+}  // namespace
+
+Environment::Environment(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    PARTITA_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
+    owns_mpi_ = true;
+  }
+  // Errors come back as codes and become exceptions instead of aborting.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  PARTITA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_world));
+  MPI_Comm_set_errhandler(g_world, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(g_world, &g_rank);
+  MPI_Comm_size(g_world, &g_size);
+  g_policy = policy_from_environment();
+  if (const char* t = std::getenv("PARTITA_WAIT_TIMEOUT")) g_timeout = std::atof(t);
+}
+
+Environment::~Environment() {
+  if (g_world != MPI_COMM_NULL) MPI_Comm_free(&g_world);
+  if (owns_mpi_) MPI_Finalize();
+}
+
+MPI_Comm world_comm() {
+  if (g_world == MPI_COMM_NULL)
+    throw Error("partita: MPI is not initialised; create a partita::mpi::Environment");
+  return g_world;
+}
+int world_rank() { return g_rank; }
+int world_size() { return g_size; }
+WaitPolicy wait_policy() { return g_policy; }
+void set_wait_policy(WaitPolicy policy) { g_policy = policy; }
+const char* wait_policy_name(WaitPolicy policy) {
+  return policy == WaitPolicy::Spin ? "spin" : "yield";
+}
+
+void wait_all(std::vector<MPI_Request>& requests, const char* what) {
+  if (requests.empty()) return;
+  const auto start = std::chrono::steady_clock::now();
+  unsigned polls = 0;
+  for (;;) {
+    int done = 0;
+    PARTITA_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(),
+                                  &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    if (g_policy == WaitPolicy::Yield) sched_yield();
+    if (g_timeout > 0 && (++polls & 1023u) == 0) {
+      const double waited = std::chrono::duration<double>(
+                                std::chrono::steady_clock::now() - start).count();
+      if (waited > g_timeout) watchdog_fired(what, waited);
+    }
+  }
+}
+
+void wait(MPI_Request& request, const char* what) {
+  std::vector<MPI_Request> one{request};
+  wait_all(one, what);
+  request = one[0];
+}
+
+void check(int code, const char* call, const char* file, int line) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  throw MpiError(std::string("MPI error ") + std::to_string(code) + " in " + call +
+                     " at " + file + ":" + std::to_string(line) + ": " + text,
+                 code);
+}
+
+bool all_true(bool local, MPI_Comm comm) {
+  int in = local ? 1 : 0, out = 0;
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Iallreduce(&in, &out, 1, MPI_INT, MPI_LAND, comm, &req));
+  wait(req, "all_true");
+  return out != 0;
+}
+
+}  // namespace partita::mpi

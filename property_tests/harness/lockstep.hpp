@@ -1,0 +1,81 @@
+// The lockstep property harness: RapidCheck under mpirun.
+//
+// Every rank draws the same case (one seed, chosen on rank 0 and broadcast),
+// decides its own verdict locally, and the verdicts are agreed with a
+// logical AND over the world before RapidCheck sees them, so that every rank
+// passes, fails and shrinks in step. A rank never leaves a case early: an
+// exception in the body is caught and becomes that rank's failure.
+//
+// On failure rank 0 prints the seed, the shrunk case (the case type's
+// operator<<, which should print a repro line), what each failing rank saw,
+// and the command that replays the run.
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <functional>
+#include <sstream>
+#include <string>
+
+namespace partita::testing {
+
+// What one rank found in one case.
+class Verdict {
+ public:
+  // Records a failure unless `ok`; returns `ok` so checks can be chained.
+  bool expect(bool ok, const std::string& what) {
+    if (!ok) fail(what);
+    return ok;
+  }
+  void fail(const std::string& what) {
+    ok_ = false;
+    if (!message_.empty()) message_ += "; ";
+    message_ += what;
+  }
+  bool ok() const { return ok_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  bool ok_ = true;
+  std::string message_;
+};
+
+// Seed, case count and size, identical on every rank.
+struct LockstepParams {
+  uint64_t seed = 0;
+  int max_success = 100;
+  int max_size = 100;
+};
+
+// Reads RC_PARAMS (seed, max_success, max_size) on rank 0 and broadcasts it;
+// PARTITA_PROP_CASES overrides max_success.
+LockstepParams lockstep_params();
+
+// argv[0] and the gtest test name go into the replay command.
+void set_program_name(const std::string& argv0);
+
+// Runs the property: `body` is called on every rank with the same case.
+// Returns true when all cases passed (the same answer on every rank); on
+// failure the report is printed on rank 0 and `report` holds it.
+bool check_lockstep_impl(const std::string& name,
+                         const std::function<void(Verdict&)>& draw_and_run,
+                         std::string* report);
+
+template <typename Case>
+bool check_lockstep(const std::string& name, rc::Gen<Case> gen,
+                    std::function<void(const Case&, Verdict&)> body,
+                    std::string* report = nullptr) {
+  return check_lockstep_impl(
+      name,
+      [gen, body](Verdict& v) {
+        const Case c = *gen;
+        try {
+          body(c, v);
+        } catch (const std::exception& e) {
+          v.fail(std::string("exception: ") + e.what());
+        }
+      },
+      report);
+}
+
+}  // namespace partita::testing

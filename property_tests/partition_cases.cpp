@@ -1,0 +1,114 @@
+#include "partition_cases.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+namespace partita::testing {
+
+std::ostream& operator<<(std::ostream& os, const PartitionCase& c) {
+  os << "{\"world\": " << c.world << ", \"relation\": \"" << c.relation
+     << "\", \"P_x\": {\"ranks\": [" << list_string(c.px_ranks) << "], \"shape\": ["
+     << list_string(c.px_shape) << "]}, \"P_y\": {\"ranks\": [" << list_string(c.py_ranks)
+     << "], \"shape\": [" << list_string(c.py_shape) << "]}, \"transpose_src\": "
+     << (c.transpose_src ? "true" : "false")
+     << ", \"transpose_dest\": " << (c.transpose_dest ? "true" : "false") << ", \"axes\": ["
+     << list_string(Ranks(c.axes.begin(), c.axes.end())) << "], \"remain\": [";
+  for (size_t i = 0; i < c.remain.size(); ++i) os << (i ? ", " : "") << c.remain[i];
+  os << "], \"data_root\": " << c.data_root << "}";
+  return os;
+}
+
+namespace {
+
+// A random ordered shape of 1-4 dimensions with volume n.
+Shape draw_shape(int64_t n) {
+  const int dims = *rc::gen::inRange(1, 5);
+  Shape s;
+  int64_t rest = n;
+  for (int d = 0; d + 1 < dims; ++d) {
+    std::vector<int64_t> divisors;
+    for (int64_t k = 1; k <= rest; ++k)
+      if (rest % k == 0) divisors.push_back(k);
+    const int64_t f = *rc::gen::elementOf(divisors);
+    s.push_back(f);
+    rest /= f;
+  }
+  s.push_back(rest);
+  return s;
+}
+
+// `k` distinct world ranks in a random order, preferring `preferred`.
+Ranks draw_team(int world, int64_t k, const Ranks& preferred, const Ranks& avoid) {
+  std::vector<int> pool;
+  for (int r : preferred) pool.push_back(r);
+  for (int r = 0; r < world; ++r)
+    if (std::find(pool.begin(), pool.end(), r) == pool.end() &&
+        std::find(avoid.begin(), avoid.end(), r) == avoid.end())
+      pool.push_back(r);
+  // Keys decide the order within the preferred workers and within the rest.
+  const auto keys = *rc::gen::container<std::vector<int>>(pool.size(), rc::gen::inRange(0, 1000));
+  std::vector<size_t> order(pool.size());
+  std::iota(order.begin(), order.end(), 0);
+  const size_t npref = preferred.size();
+  auto by_key = [&](size_t a, size_t b) { return keys[a] < keys[b]; };
+  std::stable_sort(order.begin(), order.begin() + static_cast<long>(npref), by_key);
+  std::stable_sort(order.begin() + static_cast<long>(npref), order.end(), by_key);
+  Ranks team;
+  for (int64_t i = 0; i < k && i < static_cast<int64_t>(order.size()); ++i)
+    team.push_back(pool[order[i]]);
+  return team;
+}
+
+}  // namespace
+
+rc::Gen<PartitionCase> gen_partition_case(int world) {
+  return rc::gen::exec([world] {
+    PartitionCase c;
+    c.world = world;
+    // P_y first (the larger side of a broadcast), its effective shape Sy.
+    const int64_t ny = *rc::gen::inRange<int64_t>(1, world + 1);
+    const Shape sy = draw_shape(ny);
+    // Effective P_x shape: the last dx dimensions of Sy, each kept or 1;
+    // sometimes one extent is changed so that the rules break.
+    const int dx = *rc::gen::inRange<int>(1, static_cast<int>(sy.size()) + 1);
+    Shape sx(sy.end() - dx, sy.end());
+    for (auto& e : sx)
+      if (*rc::gen::inRange(0, 3) == 0) e = 1;
+    if (*rc::gen::inRange(0, 8) == 0) {  // break the rules
+      const auto d = *rc::gen::inRange<size_t>(0, sx.size());
+      const int64_t aligned = sy[sy.size() - sx.size() + d];
+      if (aligned != 2 && volume(sx) / sx[d] * 2 <= world) {
+        sx[d] = 2;  // an extent that is neither 1 nor P_y's
+      } else {
+        sx.insert(sx.begin(), 1);  // dim(P_x) > dim(P_y)
+      }
+    }
+    c.transpose_src = *rc::gen::inRange(0, 4) == 0;
+    c.transpose_dest = *rc::gen::inRange(0, 4) == 0;
+    c.px_shape = sx;
+    c.py_shape = sy;
+    if (c.transpose_src) std::reverse(c.px_shape.begin(), c.px_shape.end());
+    if (c.transpose_dest) std::reverse(c.py_shape.begin(), c.py_shape.end());
+    const int64_t nx = volume(sx);
+
+    c.py_ranks = draw_team(world, ny, {}, {});
+    c.relation = *rc::gen::element<std::string>("identical", "disjoint", "overlapping", "random");
+    if (c.relation == "identical" && nx == ny) {
+      c.px_ranks = c.py_ranks;
+    } else if (c.relation == "disjoint" && nx <= world - ny) {
+      c.px_ranks = draw_team(world, nx, {}, c.py_ranks);
+    } else if (c.relation == "overlapping") {
+      c.px_ranks = draw_team(world, nx, c.py_ranks, {});
+    } else {
+      c.relation = "random";
+      c.px_ranks = draw_team(world, nx, {}, {});
+    }
+    for (int d = 0; d < static_cast<int>(c.px_shape.size()); ++d)
+      if (*rc::gen::arbitrary<bool>()) c.axes.push_back(d);
+    for (size_t d = 0; d < c.py_shape.size(); ++d) c.remain.push_back(*rc::gen::arbitrary<bool>());
+    c.data_root = *rc::gen::inRange<int>(0, static_cast<int>(nx));
+    return c;
+  });
+}
+
+}  // namespace partita::testing

@@ -1,0 +1,34 @@
+// Random partition cases for the lockstep properties: two teams drawn from
+// the world (identical, disjoint, overlapping, or with workers in neither),
+// shapes of 1-4 dimensions that follow the broadcast rules most of the time
+// and break them sometimes, transposes, reduction axes and sub-topologies.
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "partita/shape.hpp"
+
+namespace partita::testing {
+
+struct PartitionCase {
+  int world = 1;
+  std::string relation;  // identical / disjoint / overlapping / random
+  Ranks px_ranks;
+  Shape px_shape;
+  Ranks py_ranks;
+  Shape py_shape;
+  bool transpose_src = false, transpose_dest = false;
+  std::vector<int> axes;     // all-reduction axes of P_x
+  std::vector<bool> remain;  // sub-topology of P_y
+  int data_root = 0;         // broadcast_data root in P_x
+};
+
+std::ostream& operator<<(std::ostream& os, const PartitionCase& c);
+
+rc::Gen<PartitionCase> gen_partition_case(int world);
+
+}  // namespace partita::testing

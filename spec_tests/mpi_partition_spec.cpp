@@ -1,0 +1,160 @@
+// Seed 000 and 001, word for word, against the MPI partitions. Run at 12
+// ranks (the seed's tables); each rank checks its own view and the verdict
+// is agreed by all ranks before gtest sees it.
+#include <gtest/gtest.h>
+
+#include "partita/errors.hpp"
+#include "partita/mpi/partition.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "seed_tables.hpp"
+
+namespace partita::spec {
+namespace {
+
+using mpi::Partition;
+
+bool agreed(bool local) { return mpi::all_true(local, mpi::world_comm()); }
+
+#define SKIP_UNLESS_RANKS(n)                                                       \
+  if (mpi::world_size() < (n))                                                     \
+  GTEST_SKIP() << "needs " << (n) << " ranks, running at " << mpi::world_size()
+
+mpi::CartesianPartition cartesian(const Ranks& ranks, const Shape& shape) {
+  return Partition::world().create_partition_inclusive(ranks)
+      .create_cartesian_topology_partition(shape);
+}
+
+// The seed label of a partition whose workers (root first) are `workers`.
+std::string label_of(const Partition& p, const std::vector<SeedPartition>& parts) {
+  if (p.is_null()) return "n/a";
+  for (const auto& s : parts)
+    if (s.workers == p.workers()) return s.label;
+  return "unknown [" + list_string(p.workers()) + "]";
+}
+
+void check_table(const SeedTable& t, bool broadcast) {
+  const auto px = cartesian(t.px_ranks, t.px_shape);
+  const auto py = cartesian(t.py_ranks, t.py_shape);
+  const auto [send, recv] = broadcast ? px.create_broadcast_partition_to(py)
+                                      : px.create_reduction_partition_to(py);
+  const int me = mpi::world_rank();
+  bool ok = true;
+  for (const auto& w : t.workers) {
+    if (w.worker != me) continue;
+    const std::string s = label_of(send, t.partitions), r = label_of(recv, t.partitions);
+    EXPECT_EQ(s, w.send) << "P_send of worker " << me;
+    EXPECT_EQ(r, w.recv) << "P_recv of worker " << me;
+    ok = ok && s == w.send && r == w.recv;
+    // Roots are rank 0 of their partition; the root is the one with the data
+    // (broadcast) or the destination (sum-reduce).
+    if (broadcast && send.active()) ok = ok && send.rank() == 0;
+    if (!broadcast && recv.active()) ok = ok && recv.rank() == 0;
+    // A working communicator of the right size.
+    for (const auto* p : {&send, &recv}) {
+      if (!p->active()) continue;
+      int n = 0;
+      MPI_Comm_size(p->comm(), &n);
+      ok = ok && n == p->size();
+    }
+  }
+  EXPECT_TRUE(agreed(ok)) << t.name;
+}
+
+TEST(SeedBroadcastTable, MpiMatchesSeed) {
+  SKIP_UNLESS_RANKS(12);
+  check_table(kBroadcastTable, true);
+}
+
+TEST(SeedSumReduceTable, MpiMatchesSeed) {
+  SKIP_UNLESS_RANKS(12);
+  check_table(kSumReduceTable, false);
+}
+
+TEST(SeedAllSumReducePartitions, MpiMatchesSeed) {
+  SKIP_UNLESS_RANKS(12);
+  Ranks all;
+  for (int i = 0; i < 12; ++i) all.push_back(i);
+  const auto px = cartesian(all, kAllReduceShape);
+  const auto p = px.create_allreduction_partition(kAllReduceAxes);
+  bool ok = true;
+  if (px.active()) {
+    int found = 0;
+    for (const auto& s : kAllReducePartitions) {
+      const bool member = std::find(s.workers.begin(), s.workers.end(), mpi::world_rank()) !=
+                          s.workers.end();
+      if (member) {
+        ++found;
+        EXPECT_EQ(p.workers(), s.workers) << "worker " << mpi::world_rank();
+        ok = ok && p.workers() == s.workers && p.active();
+      }
+    }
+    ok = ok && found == 1;
+  }
+  EXPECT_TRUE(agreed(ok));
+}
+
+class SeedReductionExample : public ::testing::TestWithParam<ReductionExample> {};
+
+TEST_P(SeedReductionExample, MpiFollowsTheRules) {
+  const auto& ex = GetParam();
+  const int nx = static_cast<int>(volume(ex.px)), ny = static_cast<int>(volume(ex.py));
+  SKIP_UNLESS_RANKS(std::max(nx, ny));
+  Ranks xr, yr;
+  for (int i = 0; i < nx; ++i) xr.push_back(i);
+  for (int i = 0; i < ny; ++i) yr.push_back(i);
+  const auto px = cartesian(xr, ex.px), py = cartesian(yr, ex.py);
+  if (!ex.reduces) {
+    // Every rank throws, none hangs, and the world is still usable after.
+    bool threw = false;
+    try {
+      px.create_reduction_partition_to(py, ex.transpose_src, ex.transpose_dest);
+    } catch (const PartitionError& e) {
+      threw = std::string(e.what()).find("reduction rules") != std::string::npos;
+    }
+    EXPECT_TRUE(agreed(threw));
+    return;
+  }
+  const auto [send, recv] =
+      px.create_reduction_partition_to(py, ex.transpose_src, ex.transpose_dest);
+  bool ok = true;
+  if (px.active()) {
+    const int target = expected_reduction_target(ex, px.index());
+    ok = ok && send.active() && send.workers()[0] == py.workers()[target];
+    EXPECT_TRUE(ok) << "P_x rank " << px.rank() << " sums into the team of ["
+                    << list_string(send.workers()) << "], expected root "
+                    << py.workers()[target];
+  } else {
+    ok = ok && send.is_null();
+  }
+  if (py.active()) ok = ok && recv.active() && recv.rank() == 0;
+  EXPECT_TRUE(agreed(ok)) << ex.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Seed001, SeedReductionExample, ::testing::ValuesIn(kReductionExamples),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(MpiPartition, BadArgumentsThrowOnEveryRank) {
+  // A shape that does not fit: local check, every rank throws.
+  bool threw = false;
+  try {
+    Partition::world().create_cartesian_topology_partition({mpi::world_size() + 1});
+  } catch (const PartitionError&) {
+    threw = true;
+  }
+  EXPECT_TRUE(agreed(threw));
+  // Ranks passing different arguments to a collective: every rank throws.
+  if (mpi::world_size() >= 2) {
+    threw = false;
+    try {
+      Partition::world().create_partition_inclusive({mpi::world_rank() == 0 ? 0 : 1});
+    } catch (const PartitionError& e) {
+      threw = std::string(e.what()).find("different arguments") != std::string::npos;
+    }
+    EXPECT_TRUE(agreed(threw));
+  }
+  // The world communicator still works afterwards.
+  EXPECT_TRUE(agreed(true));
+}
+
+}  // namespace
+}  // namespace partita::spec
