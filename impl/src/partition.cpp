@@ -369,6 +369,8 @@ Teams root_teams(const Partition& roots, bool roots_t, const Partition& others,
     if (w == world_rank()) out.other_label = static_cast<int>(r);
   }
   out.root_label = roots.rank();
+  for (const auto& team : out.teams)
+    check_team("broadcast/reduction team", team, {static_cast<int64_t>(team.size())});
   return out;
 }
 
@@ -407,30 +409,36 @@ Fingerprint pair_fingerprint(const char* what, const Partition& a, const Partiti
 
 }  // namespace
 
+// Both pair constructions: the teams are computed and validated on every rank
+// of the world inside the agreement, so that a bad team (or a rule
+// violation) raises on all ranks before any communicator is created; a
+// communicator creation that some members never reach would hang.
 std::pair<Partition, Partition> Partition::create_broadcast_partition_to(
     const Partition& P_y, bool transpose_src, bool transpose_dest) const {
-  EffectiveShapes eff;
+  Teams t;
   checked(world_comm(), "create_broadcast_partition_to",
           pair_fingerprint("broadcast", *this, P_y, transpose_src, transpose_dest), [&] {
             if (is_null() || P_y.is_null())
               throw PartitionError("create_broadcast_partition_to: null partition");
-            eff = broadcast_shapes(shape(), P_y.shape(), transpose_src, transpose_dest);
+            const auto eff =
+                broadcast_shapes(shape(), P_y.shape(), transpose_src, transpose_dest);
+            t = root_teams(*this, transpose_src, P_y, transpose_dest, eff.src);
           });
-  return team_partitions(root_teams(*this, transpose_src, P_y, transpose_dest, eff.src),
-                         true);
+  return team_partitions(t, true);
 }
 
 std::pair<Partition, Partition> Partition::create_reduction_partition_to(
     const Partition& P_y, bool transpose_src, bool transpose_dest) const {
-  EffectiveShapes eff;
+  Teams t;
   checked(world_comm(), "create_reduction_partition_to",
           pair_fingerprint("reduction", *this, P_y, transpose_src, transpose_dest), [&] {
             if (is_null() || P_y.is_null())
               throw PartitionError("create_reduction_partition_to: null partition");
-            eff = reduction_shapes(shape(), P_y.shape(), transpose_src, transpose_dest);
+            const auto eff =
+                reduction_shapes(shape(), P_y.shape(), transpose_src, transpose_dest);
+            t = root_teams(P_y, transpose_dest, *this, transpose_src, eff.dst);
           });
-  return team_partitions(root_teams(P_y, transpose_dest, *this, transpose_src, eff.dst),
-                         false);
+  return team_partitions(t, false);
 }
 
 bool Partition::operator==(const Partition& other) const {
