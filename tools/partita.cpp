@@ -1,15 +1,19 @@
-// The `partita` command: explain (worker tables from the reference).
+// The `partita` command: explain (worker tables from the reference) and
+// conformance (the conformance suites under mpiexec, with a summary table).
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "conformance.hpp"
 #include "explain.hpp"
 
 namespace {
 const char* kUsage =
     "usage: partita <command> [args]\n"
     "  explain PRIMITIVE ...   print the partitions of a broadcast, sum-reduce or\n"
-    "                          all-sum-reduce as seed 000 tabulates them\n";
+    "                          all-sum-reduce as seed 000 tabulates them\n"
+    "  conformance [...]       run the conformance suites at their rank counts and\n"
+    "                          print the summary table\n";
 }
 
 int main(int argc, char** argv) {
@@ -20,7 +24,13 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = args[0];
   args.erase(args.begin());
-  if (cmd == "explain") return partita::tools::explain(args, std::cout, std::cerr);
+  try {
+    if (cmd == "explain") return partita::tools::explain(args, std::cout, std::cerr);
+    if (cmd == "conformance") return partita::tools::conformance(args, argv[0]);
+  } catch (const std::exception& e) {
+    std::cerr << "partita " << cmd << ": " << e.what() << "\n";
+    return 2;
+  }
   std::cerr << "partita: unknown command '" << cmd << "'\n" << kUsage;
   return 2;
 }

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian 12, as root) and builds partita in ./build.
+# Used by both README commands; safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(g++ cmake ninja-build make libmpich-dev mpich librapidcheck-dev libgtest-dev
+          libbenchmark-dev coreutils)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# MPICH explicitly: if OpenMPI is also installed it may own `mpicxx`.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DMPI_CXX_COMPILER="$(command -v mpicxx.mpich || command -v mpicxx)"
+cmake --build build -j "$(nproc)"
