@@ -347,51 +347,57 @@ int64_t own_rank(const Index& effective, const Shape& own_shape, bool transposed
 }
 
 // Builds the teams of a broadcast (roots = P_x) or reduction (roots = P_y):
-// every worker of `others` finds its root by arithmetic on its index, then
-// each team is [root] + its others in their rank order. Returns this rank's
-// {team label where it is a root, team label where it is an other}.
-struct Teams {
-  std::vector<Ranks> teams;
-  int root_label = -1, other_label = -1;
-};
-Teams root_teams(const Partition& roots, bool roots_t, const Partition& others,
-                 bool others_t, const Shape& narrow) {
-  Teams out;
-  out.teams.resize(roots.size());
-  for (int r = 0; r < roots.size(); ++r) out.teams[r] = {roots.workers()[r]};
+// every worker of `others` finds its root by arithmetic on its index.
+std::vector<Team> root_teams(const Partition& roots, bool roots_t, const Partition& others,
+                             bool others_t, const Shape& narrow) {
+  std::vector<Team> teams(roots.size());
+  for (int r = 0; r < roots.size(); ++r) teams[r].root = roots.workers()[r];
   for (int o = 0; o < others.size(); ++o) {
     Index e = effective_index(unravel(o, others.shape()), others_t, narrow.size());
     for (size_t d = 0; d < narrow.size(); ++d)
       if (narrow[d] == 1) e[d] = 0;
-    const auto r = own_rank(e, roots.shape(), roots_t);
-    const int w = others.workers()[o];
-    if (w != out.teams[r][0]) out.teams[r].push_back(w);
-    if (w == world_rank()) out.other_label = static_cast<int>(r);
+    teams[own_rank(e, roots.shape(), roots_t)].paired.push_back(others.workers()[o]);
   }
-  out.root_label = roots.rank();
-  for (const auto& team : out.teams)
-    check_team("broadcast/reduction team", team, {static_cast<int64_t>(team.size())});
-  return out;
+  for (const auto& t : teams)
+    check_team("broadcast/reduction team", t.workers(), {static_cast<int64_t>(t.workers().size())});
+  return teams;
+}
+
+// This rank's labels: where it is the root, where it is paired.
+struct Labels {
+  int root = -1, paired = -1;
+};
+Labels labels_of(const std::vector<Team>& teams) {
+  Labels l;
+  for (size_t i = 0; i < teams.size(); ++i) {
+    if (teams[i].root == world_rank()) l.root = static_cast<int>(i);
+    for (int w : teams[i].paired)
+      if (w == world_rank()) l.paired = static_cast<int>(i);
+  }
+  return l;
 }
 
 // Creates the communicators of this rank's (at most two) teams, in
 // increasing label order on every rank so that overlapping creations cannot
 // deadlock; a team used for both roles gets one communicator.
-std::pair<Partition, Partition> team_partitions(const Teams& t, bool root_sends) {
+std::pair<Partition, Partition> team_partitions(const std::vector<Team>& teams,
+                                                bool root_sends) {
+  const Labels t = labels_of(teams);
   std::vector<int> labels;
-  for (int l : {t.root_label, t.other_label})
+  for (int l : {t.root, t.paired})
     if (l >= 0 && std::find(labels.begin(), labels.end(), l) == labels.end())
       labels.push_back(l);
   std::sort(labels.begin(), labels.end());
-  std::vector<Partition> made(t.teams.size());
+  std::vector<Partition> made(teams.size());
   for (int l : labels) {
-    auto s = make_state(t.teams[l], {static_cast<int64_t>(t.teams[l].size())}, false);
-    s->comm = create_comm(world_comm(), t.teams[l], l % 32767);
+    const Ranks team = teams[l].workers();
+    auto s = make_state(team, {static_cast<int64_t>(team.size())}, false);
+    s->comm = create_comm(world_comm(), team, l % 32767);
     made[l] = Partition(s);
   }
-  Partition as_root = t.root_label >= 0 ? made[t.root_label] : Partition();
-  Partition as_other = t.other_label >= 0 ? made[t.other_label] : Partition();
-  return root_sends ? std::make_pair(as_root, as_other) : std::make_pair(as_other, as_root);
+  Partition as_root = t.root >= 0 ? made[t.root] : Partition();
+  Partition as_paired = t.paired >= 0 ? made[t.paired] : Partition();
+  return root_sends ? std::make_pair(as_root, as_paired) : std::make_pair(as_paired, as_root);
 }
 
 Fingerprint pair_fingerprint(const char* what, const Partition& a, const Partition& b,
@@ -409,35 +415,46 @@ Fingerprint pair_fingerprint(const char* what, const Partition& a, const Partiti
 
 }  // namespace
 
+Ranks Team::workers() const {
+  Ranks w{root};
+  for (int p : paired)
+    if (p != root) w.push_back(p);
+  return w;
+}
+
+std::vector<Team> broadcast_teams(const Partition& P_x, const Partition& P_y,
+                                  bool transpose_src, bool transpose_dest) {
+  if (P_x.is_null() || P_y.is_null()) throw PartitionError("broadcast: null partition");
+  const auto eff = broadcast_shapes(P_x.shape(), P_y.shape(), transpose_src, transpose_dest);
+  return root_teams(P_x, transpose_src, P_y, transpose_dest, eff.src);
+}
+
+std::vector<Team> reduction_teams(const Partition& P_x, const Partition& P_y,
+                                  bool transpose_src, bool transpose_dest) {
+  if (P_x.is_null() || P_y.is_null()) throw PartitionError("sum-reduce: null partition");
+  const auto eff = reduction_shapes(P_x.shape(), P_y.shape(), transpose_src, transpose_dest);
+  return root_teams(P_y, transpose_dest, P_x, transpose_src, eff.dst);
+}
+
 // Both pair constructions: the teams are computed and validated on every rank
 // of the world inside the agreement, so that a bad team (or a rule
 // violation) raises on all ranks before any communicator is created; a
 // communicator creation that some members never reach would hang.
 std::pair<Partition, Partition> Partition::create_broadcast_partition_to(
     const Partition& P_y, bool transpose_src, bool transpose_dest) const {
-  Teams t;
+  std::vector<Team> t;
   checked(world_comm(), "create_broadcast_partition_to",
-          pair_fingerprint("broadcast", *this, P_y, transpose_src, transpose_dest), [&] {
-            if (is_null() || P_y.is_null())
-              throw PartitionError("create_broadcast_partition_to: null partition");
-            const auto eff =
-                broadcast_shapes(shape(), P_y.shape(), transpose_src, transpose_dest);
-            t = root_teams(*this, transpose_src, P_y, transpose_dest, eff.src);
-          });
+          pair_fingerprint("broadcast", *this, P_y, transpose_src, transpose_dest),
+          [&] { t = broadcast_teams(*this, P_y, transpose_src, transpose_dest); });
   return team_partitions(t, true);
 }
 
 std::pair<Partition, Partition> Partition::create_reduction_partition_to(
     const Partition& P_y, bool transpose_src, bool transpose_dest) const {
-  Teams t;
+  std::vector<Team> t;
   checked(world_comm(), "create_reduction_partition_to",
-          pair_fingerprint("reduction", *this, P_y, transpose_src, transpose_dest), [&] {
-            if (is_null() || P_y.is_null())
-              throw PartitionError("create_reduction_partition_to: null partition");
-            const auto eff =
-                reduction_shapes(shape(), P_y.shape(), transpose_src, transpose_dest);
-            t = root_teams(P_y, transpose_dest, *this, transpose_src, eff.dst);
-          });
+          pair_fingerprint("reduction", *this, P_y, transpose_src, transpose_dest),
+          [&] { t = reduction_teams(*this, P_y, transpose_src, transpose_dest); });
   return team_partitions(t, false);
 }
 

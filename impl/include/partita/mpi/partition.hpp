@@ -97,6 +97,24 @@ class CartesianPartition : public Partition {
   explicit CartesianPartition(std::shared_ptr<const State> s) : Partition(std::move(s)) {}
 };
 
+// One team of a broadcast or sum-reduce, in world ranks: the root (the P_x
+// worker with the data for a broadcast, the P_y destination for a
+// sum-reduce) and the workers of the other partition paired with it, in
+// their partition's rank order (the root may be one of them).
+struct Team {
+  int root = -1;
+  Ranks paired;
+  Ranks workers() const;  // root first, then `paired` without the root
+};
+
+// All teams, labelled P_0, P_1, ... in the order of the roots' partition.
+// Pure functions of the partitions' metadata (no communication); throw
+// PartitionError when the pair breaks the rules.
+std::vector<Team> broadcast_teams(const Partition& P_x, const Partition& P_y,
+                                  bool transpose_src, bool transpose_dest);
+std::vector<Team> reduction_teams(const Partition& P_x, const Partition& P_y,
+                                  bool transpose_src, bool transpose_dest);
+
 // Typed helpers for broadcast_data / allgather_data payloads.
 template <typename T>
 Bytes pack(const std::vector<T>& values) {
