@@ -1,11 +1,13 @@
 // The `partita` command: explain (worker tables from the reference) and
-// conformance (the conformance suites under mpiexec, with a summary table).
+// conformance (the conformance suites under mpiexec, with a summary table)
+// and run (one case under mpiexec, checked against the reference).
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "conformance.hpp"
 #include "explain.hpp"
+#include "run.hpp"
 
 namespace {
 const char* kUsage =
@@ -13,7 +15,9 @@ const char* kUsage =
     "  explain PRIMITIVE ...   print the partitions of a broadcast, sum-reduce or\n"
     "                          all-sum-reduce as seed 000 tabulates them\n"
     "  conformance [...]       run the conformance suites at their rank counts and\n"
-    "                          print the summary table\n";
+    "                          print the summary table\n"
+    "  run CASE.json [--save DIR]  (under mpiexec) run one case against the\n"
+    "                          reference; one verdict line per rank\n";
 }
 
 int main(int argc, char** argv) {
@@ -27,6 +31,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "explain") return partita::tools::explain(args, std::cout, std::cerr);
     if (cmd == "conformance") return partita::tools::conformance(args, argv[0]);
+    if (cmd == "run") return partita::tools::run(args, &argc, &argv);
   } catch (const std::exception& e) {
     std::cerr << "partita " << cmd << ": " << e.what() << "\n";
     return 2;

@@ -1,0 +1,53 @@
+// One case type for spec tests, property tests, `partita run` and the
+// benchmarks: a primitive, its partitions and options, the dtype and the
+// input shapes. It parses from JSON, prints itself as a one-line repro, and
+// knows how many ranks it needs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "partita/json.hpp"
+#include "partita/options.hpp"
+#include "partita/shape.hpp"
+
+namespace partita {
+
+struct PartitionSpec {
+  Ranks ranks;
+  Shape shape;
+};
+
+struct Case {
+  std::string primitive;  // broadcast | sum_reduce | all_sum_reduce
+  PartitionSpec P_x;
+  std::optional<PartitionSpec> P_y;  // not for all_sum_reduce
+  std::vector<int> axes;             // all_sum_reduce only
+  Options options;
+  std::string dtype = "float64";
+
+  // Exactly one of these gives the input shape of each P_x worker.
+  std::optional<Shape> global_shape;       // balanced decomposition over P_x
+  std::optional<Shape> local_shape;        // every P_x worker holds this shape
+  std::map<int, Shape> local_shapes;       // per world rank (uneven decompositions)
+
+  int ranks = 0;  // world size the case needs; 0: one more than its largest rank
+  // Inputs: absent, x = arange(n) + 1000*r and dy = arange(m) + 2000*r on
+  // world rank r (the documented, reproducible scheme); present, random
+  // values drawn from this seed and the rank (property tests).
+  std::optional<uint64_t> data_seed;
+
+  static Case from_json(const json::Value& v);  // throws partita::Error
+  static Case parse(const std::string& text) { return from_json(json::parse(text)); }
+  json::Value to_json() const;
+  std::string repro() const { return to_json().dump(); }
+
+  int world_size_needed() const;
+  // The shape of world rank `worker`'s input; {0} for a worker outside P_x.
+  Shape input_shape(int worker) const;
+};
+
+}  // namespace partita

@@ -1,0 +1,63 @@
+#include "partita/nn/all_sum_reduce.hpp"
+
+#include <ATen/core/grad_mode.h>
+
+#include <map>
+
+#include "detail/layer_checks.hpp"
+#include "detail/team_comm.hpp"
+
+namespace partita::nn {
+
+namespace detail {
+
+using namespace partita::mpi::detail;
+
+struct AllSumReduceLayer {
+  std::string name;
+  mpi::Partition P_x, team;
+  std::vector<Ranks> groups;  // every team, world ranks
+
+  at::Tensor forward(const at::Tensor& x) const {
+    if (!P_x.active()) return x.clone();
+    const auto headers = exchange_headers(P_x, make_header(x), name.c_str());
+    check_inputs(name, P_x, P_x, headers);
+    check_same_shapes(name, P_x, groups, headers, "all-reduction team");
+    at::Tensor y;
+    {
+      at::NoGradGuard no_grad;
+      y = allreduce_team(team, x, name);
+    }
+    const mpi::Partition t = team;
+    const std::string adjoint_name = name + " adjoint";
+    return with_adjoint(y, x, any_requires_grad(headers), name,
+                        [t, adjoint_name](const at::Tensor& gy) {
+                          return allreduce_team(t, gy, adjoint_name);
+                        });
+  }
+};
+
+}  // namespace detail
+
+AllSumReduceImpl::AllSumReduceImpl(const mpi::Partition& P_x, std::vector<int> axes) {
+  auto l = std::make_shared<detail::AllSumReduceLayer>();
+  l->name = "AllSumReduce(P_x " + P_x.describe() + " over dimensions {" +
+            list_string(Ranks(axes.begin(), axes.end())) + "})";
+  l->P_x = P_x;
+  l->team = P_x.create_allreduction_partition(axes);
+  // Every team, for the shape checks: workers grouped by their index along
+  // the dimensions that are not reduced.
+  std::map<Index, Ranks> by_key;
+  for (int r = 0; P_x.active() && r < P_x.size(); ++r) {
+    Index key = unravel(r, P_x.shape());
+    for (int a : axes) key[a] = 0;
+    by_key[key].push_back(P_x.workers()[r]);
+  }
+  for (auto& [key, g] : by_key) l->groups.push_back(g);
+  layer_ = l;
+}
+
+torch::Tensor AllSumReduceImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
+const mpi::Partition& AllSumReduceImpl::team() const { return layer_->team; }
+
+}  // namespace partita::nn

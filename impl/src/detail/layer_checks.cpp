@@ -1,0 +1,70 @@
+#include "detail/layer_checks.hpp"
+
+#include <algorithm>
+
+namespace partita::mpi::detail {
+
+namespace {
+bool member(const Partition& P, int w) {
+  return std::find(P.workers().begin(), P.workers().end(), w) != P.workers().end();
+}
+std::string shape_text(const Header& h) { return "[" + list_string(h.shape()) + "]"; }
+}  // namespace
+
+const Header& header_of(const Partition& P_union, const std::vector<Header>& headers, int worker) {
+  const auto& w = P_union.workers();
+  return headers.at(std::find(w.begin(), w.end(), worker) - w.begin());
+}
+
+void check_inputs(const std::string& layer, const Partition& P_union, const Partition& P_x,
+                  const std::vector<Header>& headers) {
+  int first_px = -1;
+  for (int u = 0; u < P_union.size(); ++u) {
+    const int w = P_union.workers()[u];
+    const Header& h = headers[u];
+    if (h.status == Header::kTooManyDims)
+      throw ShapeError(layer + ": worker " + std::to_string(w) + " passed a tensor of more than " +
+                       std::to_string(kMaxTensorDims) + " dimensions");
+    if (!member(P_x, w)) {
+      if (h.numel() != 0)
+        throw ShapeError(layer + ": worker " + std::to_string(w) +
+                         " is not in P_x but passed a tensor of shape " + shape_text(h) +
+                         "; workers outside P_x must pass a zero-volume tensor");
+      continue;
+    }
+    if (h.status == Header::kBadDtype)
+      throw ShapeError(layer + ": worker " + std::to_string(w) + " passed dtype " +
+                       dtype_name(h.scalar_type()) + ", which partita cannot move");
+    if (first_px < 0) {
+      first_px = u;
+    } else if (h.dtype != headers[first_px].dtype) {
+      throw ShapeError(layer + ": dtypes differ between workers: worker " +
+                       std::to_string(P_union.workers()[first_px]) + " passed " +
+                       dtype_name(headers[first_px].scalar_type()) + ", worker " +
+                       std::to_string(w) + " passed " + dtype_name(h.scalar_type()));
+    }
+  }
+}
+
+void check_same_shapes(const std::string& layer, const Partition& P_union,
+                       const std::vector<Ranks>& groups, const std::vector<Header>& headers,
+                       const char* group_kind) {
+  for (const auto& g : groups) {
+    for (size_t i = 1; i < g.size(); ++i) {
+      const Header& a = header_of(P_union, headers, g[0]);
+      const Header& b = header_of(P_union, headers, g[i]);
+      if (a.shape() != b.shape())
+        throw ShapeError(layer + ": workers " + std::to_string(g[0]) + " and " +
+                         std::to_string(g[i]) + " of one " + group_kind +
+                         " hold different shapes " + shape_text(a) + " and " + shape_text(b));
+    }
+  }
+}
+
+bool any_requires_grad(const std::vector<Header>& headers) {
+  for (const auto& h : headers)
+    if (h.requires_grad) return true;
+  return false;
+}
+
+}  // namespace partita::mpi::detail

@@ -1,0 +1,29 @@
+// Internal: checks every rank of a layer makes on the gathered headers.
+// They are pure functions of data every rank has, so either every rank of
+// the layer throws the same ShapeError or none does.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "detail/team_comm.hpp"
+
+namespace partita::mpi::detail {
+
+// Workers outside P_x hold zero-volume tensors; P_x's inputs have a supported
+// dtype, the same on every P_x worker, and at most kMaxTensorDims dimensions.
+void check_inputs(const std::string& layer, const Partition& P_union, const Partition& P_x,
+                  const std::vector<Header>& headers);
+
+// The workers of each group (world ranks) hold tensors of one shape.
+void check_same_shapes(const std::string& layer, const Partition& P_union,
+                       const std::vector<Ranks>& groups, const std::vector<Header>& headers,
+                       const char* group_kind);
+
+// Does any member's input require grad? (The same answer on every rank.)
+bool any_requires_grad(const std::vector<Header>& headers);
+
+// The header of world rank `worker` (which must be in P_union).
+const Header& header_of(const Partition& P_union, const std::vector<Header>& headers, int worker);
+
+}  // namespace partita::mpi::detail

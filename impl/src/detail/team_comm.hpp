@@ -1,0 +1,70 @@
+// Internal: the data movement every broadcast-like and reduce-like primitive
+// is made of, and the per-call metadata exchange that lets every rank of a
+// layer check the inputs and agree on the outcome.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <mpi.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "partita/mpi/partition.hpp"
+#include "partita/tensor_rules.hpp"
+
+namespace partita::mpi::detail {
+
+// What one rank's input looks like, gathered from every rank of a layer.
+struct Header {
+  enum Status : int64_t { kOk = 0, kTooManyDims = 1, kBadDtype = 2 };
+  int64_t status = kOk;
+  int64_t dtype = 0;
+  int64_t requires_grad = 0;
+  int64_t ndim = 0;
+  int64_t dims[kMaxTensorDims] = {0};
+
+  Shape shape() const { return Shape(dims, dims + ndim); }
+  int64_t numel() const { return volume(shape()); }
+  at::ScalarType scalar_type() const { return static_cast<at::ScalarType>(dtype); }
+};
+
+Header make_header(const at::Tensor& x);
+
+// Allgather of every member's header over `P` (the union of a layer's
+// partitions), in P's rank order. Inactive ranks get nothing.
+std::vector<Header> exchange_headers(const Partition& P, const Header& mine, const char* what);
+
+MPI_Datatype mpi_datatype(at::ScalarType t);
+MPI_Op mpi_sum(at::ScalarType t);
+int mpi_count(int64_t numel, const std::string& what);
+
+// Data flows from the root (rank 0) of each team to its members.
+// `root_team`: the team this rank is the root of (or null); `member_team`:
+// the team it receives in (or null; may equal root_team, then the rank copies
+// its own data). Returns what this rank receives (undefined if no member_team).
+at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
+                       const at::Tensor& src, const Shape& out_shape,
+                       const at::TensorOptions& out_options, const std::string& what);
+
+// Data flows from the members of each team to its root, summed. `contrib` is
+// this rank's contribution in `member_team`; returns the sum at the root of
+// `root_team` (including `contrib` when member_team == root_team), undefined
+// elsewhere.
+at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team,
+                        const at::Tensor& contrib, const Shape& out_shape,
+                        const at::TensorOptions& out_options, const std::string& what);
+
+// Sum over `team`, result on every member.
+at::Tensor allreduce_team(const Partition& team, const at::Tensor& x, const std::string& what);
+
+// Gives `out` (a fresh tensor without history) an autograd node whose
+// backward is `adjoint(grad_out)`. `attach` must be the same on every rank
+// of the layer (an input anywhere requires grad) so that backward runs on
+// all of them: the node is attached even where this rank's input does not
+// require grad, and its result is then dropped.
+using Adjoint = std::function<at::Tensor(const at::Tensor& grad_out)>;
+at::Tensor with_adjoint(at::Tensor out, const at::Tensor& x, bool attach,
+                        const std::string& name, Adjoint adjoint);
+
+}  // namespace partita::mpi::detail

@@ -1,0 +1,31 @@
+// Internal: what Broadcast and SumReduce share. Both move data within the
+// same kind of teams, one from roots to members, the other from members to
+// roots, and each one's adjoint is the other's forward.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "partita/mpi/partition.hpp"
+#include "partita/options.hpp"
+
+namespace partita::nn::detail {
+
+struct TeamLayer {
+  enum class Kind { Broadcast, SumReduce };
+  TeamLayer(Kind kind, const mpi::Partition& P_x, const mpi::Partition& P_y, Options options);
+
+  Kind kind;
+  std::string name;  // "Broadcast(P_x ... -> P_y ...)" for messages
+  mpi::Partition P_x, P_y, P_union;
+  mpi::Partition P_send, P_recv;  // where this rank's input goes, where its output comes from
+  std::vector<mpi::Team> teams;
+  int y_source = -1;  // a worker whose input has the shape of this rank's output
+  Options options;
+
+  at::Tensor forward(const at::Tensor& x) const;
+};
+
+}  // namespace partita::nn::detail

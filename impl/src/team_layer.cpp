@@ -1,0 +1,93 @@
+#include "detail/team_layer.hpp"
+
+#include <ATen/core/grad_mode.h>
+
+#include "detail/layer_checks.hpp"
+#include "detail/team_comm.hpp"
+#include "partita/nn/broadcast.hpp"
+#include "partita/nn/sum_reduce.hpp"
+
+namespace partita::nn::detail {
+
+using namespace partita::mpi::detail;
+
+TeamLayer::TeamLayer(Kind k, const mpi::Partition& px, const mpi::Partition& py, Options o)
+    : kind(k), P_x(px), P_y(py), options(o) {
+  name = std::string(k == Kind::Broadcast ? "Broadcast" : "SumReduce") + "(P_x " +
+         px.describe() + (o.transpose_src ? " transposed" : "") + " -> P_y " + py.describe() +
+         (o.transpose_dest ? " transposed" : "") + ")";
+  auto sendrecv = k == Kind::Broadcast
+                      ? px.create_broadcast_partition_to(py, o.transpose_src, o.transpose_dest)
+                      : px.create_reduction_partition_to(py, o.transpose_src, o.transpose_dest);
+  P_send = sendrecv.first;
+  P_recv = sendrecv.second;
+  teams = k == Kind::Broadcast ? mpi::broadcast_teams(px, py, o.transpose_src, o.transpose_dest)
+                               : mpi::reduction_teams(px, py, o.transpose_src, o.transpose_dest);
+  P_union = px.create_partition_union(py);
+  for (const auto& t : teams)
+    if (P_recv.active() && t.workers() == P_recv.workers())
+      y_source = k == Kind::Broadcast ? t.root : t.paired.at(0);
+}
+
+at::Tensor TeamLayer::forward(const at::Tensor& x) const {
+  if (!P_union.active()) return x.clone();  // in neither partition
+  const auto headers = exchange_headers(P_union, make_header(x), name.c_str());
+  check_inputs(name, P_union, P_x, headers);
+  // The output's shape and dtype: those of the root's input (broadcast) or
+  // of the team's contributors, which must agree (sum-reduce).
+  Shape out_shape;
+  at::ScalarType out_dtype = x.scalar_type();
+  if (kind == Kind::SumReduce) {
+    std::vector<Ranks> groups;
+    for (const auto& t : teams) groups.push_back(t.paired);
+    check_same_shapes(name, P_union, groups, headers, "reduction team");
+  }
+  if (y_source >= 0) {
+    const Header& h = header_of(P_union, headers, y_source);
+    out_shape = h.shape();
+    out_dtype = h.scalar_type();
+  }
+  const auto out_options = x.options().dtype(out_dtype).requires_grad(false);
+  const bool attach = any_requires_grad(headers);
+
+  at::Tensor y;
+  {
+    at::NoGradGuard no_grad;
+    y = kind == Kind::Broadcast ? bcast_teams(P_send, P_recv, x, out_shape, out_options, name)
+                                : reduce_teams(P_recv, P_send, x, out_shape, out_options, name);
+    if (!y.defined()) y = zero_volume_like(x, options.preserve_batch);
+  }
+  // The adjoint: the other direction over the same teams, into x's shape.
+  const Shape x_shape = shape_of(x);
+  const auto x_options = x.options().requires_grad(false);
+  const bool broadcast = kind == Kind::Broadcast;
+  const mpi::Partition send = P_send, recv = P_recv;
+  const std::string adjoint_name = name + " adjoint";
+  return with_adjoint(y, x, attach, name, [=](const at::Tensor& gy) {
+    at::Tensor gx = broadcast ? reduce_teams(send, recv, gy, x_shape, x_options, adjoint_name)
+                              : bcast_teams(recv, send, gy, x_shape, x_options, adjoint_name);
+    return gx.defined() ? gx : at::zeros(x_shape, x_options);
+  });
+}
+
+}  // namespace partita::nn::detail
+
+namespace partita::nn {
+
+BroadcastImpl::BroadcastImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+                             Options options)
+    : layer_(std::make_shared<detail::TeamLayer>(detail::TeamLayer::Kind::Broadcast, P_x, P_y,
+                                                 options)) {}
+torch::Tensor BroadcastImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
+const mpi::Partition& BroadcastImpl::P_send() const { return layer_->P_send; }
+const mpi::Partition& BroadcastImpl::P_recv() const { return layer_->P_recv; }
+
+SumReduceImpl::SumReduceImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+                             Options options)
+    : layer_(std::make_shared<detail::TeamLayer>(detail::TeamLayer::Kind::SumReduce, P_x, P_y,
+                                                 options)) {}
+torch::Tensor SumReduceImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
+const mpi::Partition& SumReduceImpl::P_send() const { return layer_->P_send; }
+const mpi::Partition& SumReduceImpl::P_recv() const { return layer_->P_recv; }
+
+}  // namespace partita::nn

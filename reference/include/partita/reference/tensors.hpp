@@ -1,0 +1,23 @@
+// The reference's tensor primitives work on one tensor per world rank:
+// `x[w]` is what worker w passes (zero-volume where it holds nothing), and
+// the result holds what each worker returns. Plain torch operations (clone,
+// add), so the adjoint of each comes from autograd.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "partita/reference/partition.hpp"
+
+namespace partita::reference {
+
+using Tensors = std::vector<at::Tensor>;
+
+// Throws ShapeError unless: x has one tensor per world rank; workers outside
+// P_x pass zero-volume tensors; P_x's tensors share one supported dtype and
+// have at most kMaxTensorDims dimensions.
+void check_inputs(const std::string& what, const Partition& P_x, const Tensors& x);
+
+}  // namespace partita::reference

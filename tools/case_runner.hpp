@@ -1,0 +1,30 @@
+// Runs one Case on every rank of the world: the MPI implementation against
+// the reference, forward, backward and the adjoint identity. The same code
+// serves `partita run`, the property tests and the spec tests.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "partita/case.hpp"
+
+namespace partita::tools {
+
+struct CaseOutcome {
+  bool ok = true;
+  std::string summary;   // one line: what was checked, or what differed
+  std::string expected_error;  // set when the reference rejects the case
+  at::Tensor x, y, dx;   // this rank's input, output and input gradient
+  double adjoint_mpi = 0, adjoint_reference = 0;  // relative adjoint gaps
+};
+
+// Collective over the world. Throws partita::Error on every rank when the
+// world is smaller than the case needs.
+CaseOutcome run_case(const Case& c);
+
+// The inputs and cotangents of the documented scheme (Case::data_seed).
+at::Tensor case_input(const Case& c, int worker);
+at::Tensor case_cotangent(const Case& c, int worker, at::IntArrayRef shape);
+
+}  // namespace partita::tools
