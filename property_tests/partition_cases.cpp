@@ -20,6 +20,10 @@ std::ostream& operator<<(std::ostream& os, const PartitionCase& c) {
 
 namespace {
 
+// True with probability k/n, whatever RapidCheck's current size (inRange
+// scales with it); shrinks towards false.
+bool chance(int k, int n) { return *rc::gen::resize(100, rc::gen::inRange(0, n)) >= n - k; }
+
 // A random ordered shape of 1-4 dimensions with volume n.
 Shape draw_shape(int64_t n) {
   const int dims = *rc::gen::inRange(1, 5);
@@ -73,8 +77,8 @@ rc::Gen<PartitionCase> gen_partition_case(int world) {
     const int dx = *rc::gen::inRange<int>(1, static_cast<int>(sy.size()) + 1);
     Shape sx(sy.end() - dx, sy.end());
     for (auto& e : sx)
-      if (*rc::gen::inRange(0, 3) == 0) e = 1;
-    if (*rc::gen::inRange(0, 8) == 0) {  // break the rules
+      if (chance(1, 3)) e = 1;
+    if (chance(1, 10)) {  // break the rules
       const auto d = *rc::gen::inRange<size_t>(0, sx.size());
       const int64_t aligned = sy[sy.size() - sx.size() + d];
       if (aligned != 2 && volume(sx) / sx[d] * 2 <= world) {
@@ -83,8 +87,8 @@ rc::Gen<PartitionCase> gen_partition_case(int world) {
         sx.insert(sx.begin(), 1);  // dim(P_x) > dim(P_y)
       }
     }
-    c.transpose_src = *rc::gen::inRange(0, 4) == 0;
-    c.transpose_dest = *rc::gen::inRange(0, 4) == 0;
+    c.transpose_src = chance(1, 4);
+    c.transpose_dest = chance(1, 4);
     c.px_shape = sx;
     c.py_shape = sy;
     if (c.transpose_src) std::reverse(c.px_shape.begin(), c.px_shape.end());
@@ -107,6 +111,55 @@ rc::Gen<PartitionCase> gen_partition_case(int world) {
       if (*rc::gen::arbitrary<bool>()) c.axes.push_back(d);
     for (size_t d = 0; d < c.py_shape.size(); ++d) c.remain.push_back(*rc::gen::arbitrary<bool>());
     c.data_root = *rc::gen::inRange<int>(0, static_cast<int>(nx));
+    return c;
+  });
+}
+
+}  // namespace partita::testing
+
+namespace partita::testing {
+
+rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives) {
+  return rc::gen::exec([world, primitives] {
+    const PartitionCase p = *gen_partition_case(world);
+    Case c;
+    c.primitive = *rc::gen::elementOf(primitives);
+    // Broadcast goes from the smaller partition to the larger; sum-reduce is
+    // its mirror, so its P_x is the case's P_y.
+    if (c.primitive == "broadcast") {
+      c.P_x = {p.px_ranks, p.px_shape};
+      c.P_y = PartitionSpec{p.py_ranks, p.py_shape};
+      c.options.transpose_src = p.transpose_src;
+      c.options.transpose_dest = p.transpose_dest;
+    } else if (c.primitive == "sum_reduce") {
+      c.P_x = {p.py_ranks, p.py_shape};
+      c.P_y = PartitionSpec{p.px_ranks, p.px_shape};
+      c.options.transpose_src = p.transpose_dest;
+      c.options.transpose_dest = p.transpose_src;
+    } else {
+      c.P_x = {p.py_ranks, p.py_shape};
+      for (size_t d = 0; d < p.remain.size(); ++d)
+        if (p.remain[d]) c.axes.push_back(static_cast<int>(d));
+    }
+    c.options.preserve_batch = chance(1, 2);
+    c.dtype = *rc::gen::weightedElement<std::string>(
+        {{6, "float64"}, {2, "float32"}, {1, "bfloat16"}, {1, "int32"}});
+    // A balanced decomposition of a global shape (uneven splits; for the
+    // reductions, teams whose pieces differ are rejected by both sides).
+    if (chance(1, c.primitive == "broadcast" ? 3 : 6)) {
+      Shape g;
+      for (size_t d = 0; d < c.P_x.shape.size(); ++d)
+        g.push_back(chance(1, 10) ? 0 : *rc::gen::inRange<int64_t>(1, 9));
+      c.global_shape = g;
+    } else {
+      const int dims = *rc::gen::inRange(0, 4);
+      Shape s;
+      for (int d = 0; d < dims; ++d)
+        s.push_back(chance(1, 10) ? 0 : *rc::gen::inRange<int64_t>(1, 6));
+      c.local_shape = s;
+    }
+    c.ranks = world;
+    c.data_seed = *rc::gen::inRange<uint64_t>(1, 1u << 30);
     return c;
   });
 }

@@ -32,3 +32,17 @@ std::ostream& operator<<(std::ostream& os, const PartitionCase& c);
 rc::Gen<PartitionCase> gen_partition_case(int world);
 
 }  // namespace partita::testing
+
+#include "partita/case.hpp"
+
+namespace partita::testing {
+
+// A random Case of one of `primitives` (broadcast, sum_reduce,
+// all_sum_reduce) on a world of `world` ranks: partitions from
+// gen_partition_case (rule-breaking pairs included), random options, dtype
+// (mostly float64; float32, bfloat16, int32 too), input shapes of 0-3
+// dimensions with zero-length extents, or a balanced decomposition of a
+// random global shape (uneven splits), random data.
+rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives);
+
+}  // namespace partita::testing

@@ -14,7 +14,7 @@ Tensors all_sum_reduce(const Partition& P_x, const std::vector<int>& axes, const
       y[w] = x[w].clone();
       continue;
     }
-    const auto& team = teams.of(me).workers();
+    const Ranks team = teams.of(me).workers();
     at::Tensor sum = x[team[0]].clone();
     for (size_t i = 1; i < team.size(); ++i) {
       if (x[team[i]].sizes() != x[team[0]].sizes())

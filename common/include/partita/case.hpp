@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -49,5 +50,8 @@ struct Case {
   // The shape of world rank `worker`'s input; {0} for a worker outside P_x.
   Shape input_shape(int worker) const;
 };
+
+// The repro line (RapidCheck prints counterexamples with it).
+inline std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.repro(); }
 
 }  // namespace partita
