@@ -40,7 +40,7 @@ endfunction()
 
 # Primitives of the specification that have no suite yet: reported as
 # UNIMPLEMENTED by `partita conformance` until their issue lands.
-set(PARTITA_UNIMPLEMENTED broadcast sum_reduce all_sum_reduce repartition
+set(PARTITA_UNIMPLEMENTED repartition
     halo_exchange all_gather reduce_scatter)
 
 # conformance_suites.json beside the partita binary: what `partita

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(g++ cmake ninja-build make libmpich-dev mpich librapidcheck-dev libgtest-dev
+packages=(g++ cmake ninja-build make libtorch-dev libmpich-dev mpich librapidcheck-dev libgtest-dev
           libbenchmark-dev coreutils)
 missing=()
 for p in "${packages[@]}"; do

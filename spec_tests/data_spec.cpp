@@ -1,0 +1,149 @@
+#include "data_spec.hpp"
+
+#include <algorithm>
+
+namespace partita::spec {
+
+at::Tensor arange_input(int w, const Shape& shape) {
+  return (at::arange(volume(shape), at::kDouble) + 1000.0 * w).reshape(shape);
+}
+
+at::Tensor arange_cotangent(int w, const Shape& shape) {
+  return (at::arange(volume(shape), at::kDouble) + 2000.0 * w).reshape(shape);
+}
+
+namespace {
+
+Ranks iota(int n) {
+  Ranks r(n);
+  for (int i = 0; i < n; ++i) r[i] = i;
+  return r;
+}
+
+int label_index(const std::string& label) { return label == "n/a" ? -1 : std::stoi(label.substr(2)); }
+
+// A seed table as data movement: in a broadcast the root of P_l (first in
+// the seed's list) sends to every worker whose P_recv is P_l; in a
+// sum-reduce every worker whose P_send is P_l sends to the root.
+DataExample from_table(const SeedTable& t, bool broadcast, const Shape& local) {
+  DataExample e;
+  e.name = t.name;
+  e.primitive = broadcast ? "broadcast" : "sum_reduce";
+  e.px_ranks = t.px_ranks;
+  e.px_shape = t.px_shape;
+  e.py_ranks = t.py_ranks;
+  e.py_shape = t.py_shape;
+  e.local_shape = local;
+  e.world = 12;
+  e.y.resize(12);
+  e.dx.resize(12);
+  for (const auto& w : t.workers) {
+    const int send = label_index(w.send), recv = label_index(w.recv);
+    if (broadcast && recv >= 0) e.y[w.worker] = arange_input(t.partitions[recv].workers[0], local);
+    if (!broadcast && send >= 0) {
+      const int root = t.partitions[send].workers[0];
+      e.dx[w.worker] = arange_cotangent(root, local);
+    }
+  }
+  for (size_t l = 0; l < t.partitions.size(); ++l) {
+    const int root = t.partitions[l].workers[0];
+    at::Tensor sum = at::zeros(local, at::kDouble);
+    for (const auto& w : t.workers) {
+      const int from = broadcast ? label_index(w.recv) : label_index(w.send);
+      if (from == static_cast<int>(l))
+        sum = sum + (broadcast ? arange_cotangent(w.worker, local) : arange_input(w.worker, local));
+    }
+    (broadcast ? e.dx : e.y)[root] = sum;
+  }
+  return e;
+}
+
+}  // namespace
+
+std::vector<DataExample> data_examples() {
+  std::vector<DataExample> out;
+
+  // Seed 001: "To reduce a 2-dimensional tensor that is partitioned by a
+  // 4 x 3 partition onto a 1 x 3 partition ... each subtensor of y is the
+  // sum of 4 subtensors of x." P_y worker j sums column j: ranks j, 3+j,
+  // 6+j, 9+j; the cotangent of worker j comes back to all four.
+  {
+    DataExample e;
+    e.name = "seed001_4x3_to_1x3";
+    e.primitive = "sum_reduce";
+    e.px_ranks = iota(12);
+    e.px_shape = {4, 3};
+    e.py_ranks = iota(3);
+    e.py_shape = {1, 3};
+    e.preserve_batch = false;
+    e.local_shape = {7, 5};
+    e.world = 12;
+    e.y.resize(12);
+    e.dx.resize(12);
+    for (int j = 0; j < 3; ++j) {
+      e.y[j] = 4 * at::arange(35, at::kDouble).reshape({7, 5}) + 1000.0 * (4 * j + 18);
+      for (int i = 0; i < 4; ++i) e.dx[3 * i + j] = arange_cotangent(j, {7, 5});
+    }
+    out.push_back(e);
+  }
+
+  out.push_back(from_table(kBroadcastTable, true, {2, 3}));
+  out.push_back(from_table(kSumReduceTable, false, {2, 3}));
+
+  // Seed 000, all-sum-reduce over dimensions {0, 2} of 2x3x2: every worker
+  // ends with the sum over its partition P_0, P_1 or P_2; self-adjoint.
+  {
+    DataExample e;
+    e.name = "seed000_all_sum_reduce_2x3x2_axes_0_2";
+    e.primitive = "all_sum_reduce";
+    e.px_ranks = iota(12);
+    e.px_shape = kAllReduceShape;
+    e.axes = kAllReduceAxes;
+    e.local_shape = {3, 2};
+    e.world = 12;
+    e.y.resize(12);
+    e.dx.resize(12);
+    for (const auto& p : kAllReducePartitions) {
+      at::Tensor sx = at::zeros({3, 2}, at::kDouble), sdy = at::zeros({3, 2}, at::kDouble);
+      for (int w : p.workers) {
+        sx = sx + arange_input(w, {3, 2});
+        sdy = sdy + arange_cotangent(w, {3, 2});
+      }
+      for (int w : p.workers) {
+        e.y[w] = sx;
+        e.dx[w] = sdy;
+      }
+    }
+    out.push_back(e);
+  }
+
+  // Seed 001, examples 1-8 that reduce: P_x on ranks 0..|P_x|-1, P_y on
+  // 0..|P_y|-1; the target of each P_x worker as seed_tables.cpp states it.
+  for (const auto& ex : kReductionExamples) {
+    if (!ex.reduces) continue;
+    DataExample e;
+    e.name = ex.name;
+    e.primitive = "sum_reduce";
+    const int nx = static_cast<int>(volume(ex.px)), ny = static_cast<int>(volume(ex.py));
+    e.px_ranks = iota(nx);
+    e.px_shape = ex.px;
+    e.py_ranks = iota(ny);
+    e.py_shape = ex.py;
+    e.transpose_src = ex.transpose_src;
+    e.transpose_dest = ex.transpose_dest;
+    e.local_shape = {2, 3};
+    e.world = std::max(nx, ny);
+    e.y.assign(e.world, at::Tensor());
+    e.dx.assign(e.world, at::Tensor());
+    for (int t = 0; t < ny; ++t) e.y[t] = at::zeros({2, 3}, at::kDouble);
+    for (int r = 0; r < nx; ++r) {
+      const int t = expected_reduction_target(ex, unravel(r, ex.px));
+      e.y[t] = e.y[t] + arange_input(r, {2, 3});
+      e.dx[r] = arange_cotangent(t, {2, 3});
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace partita::spec

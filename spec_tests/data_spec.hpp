@@ -1,0 +1,42 @@
+// The seeds' examples executed with data: inputs, cotangents and the
+// outputs the seeds' words and tables imply, per world rank. Shared by the
+// reference spec tests and the MPI spec tests; expectations come from the
+// seed tables (seed_tables.hpp), never from partita's own team arithmetic.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "partita/shape.hpp"
+#include "seed_tables.hpp"
+
+namespace partita::spec {
+
+// x on world rank w: arange(volume) + 1000*w in float64, shaped `shape`.
+at::Tensor arange_input(int w, const Shape& shape);
+// dy on world rank w: arange(volume) + 2000*w.
+at::Tensor arange_cotangent(int w, const Shape& shape);
+
+struct DataExample {
+  std::string name;
+  std::string primitive;  // broadcast | sum_reduce | all_sum_reduce
+  Ranks px_ranks;
+  Shape px_shape;
+  Ranks py_ranks;
+  Shape py_shape;
+  std::vector<int> axes;
+  bool transpose_src = false, transpose_dest = false, preserve_batch = true;
+  Shape local_shape;
+  int world = 0;
+  // Per world rank: the expected output and input gradient (for the
+  // cotangents above); undefined output = zero-volume expected.
+  std::vector<at::Tensor> y, dx;
+};
+
+// Seed 001's code example, seed 000's three tables, and the reduction
+// examples 1-8 that reduce.
+std::vector<DataExample> data_examples();
+
+}  // namespace partita::spec

@@ -1,0 +1,147 @@
+// The seeds' examples with data, against the MPI layers: each rank checks
+// its own output and input gradient; verdicts agreed by all ranks.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "data_spec.hpp"
+#include "partita/errors.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/nn/all_sum_reduce.hpp"
+#include "partita/nn/broadcast.hpp"
+#include "partita/nn/sum_reduce.hpp"
+
+namespace partita::spec {
+namespace {
+
+bool agreed(bool local) { return mpi::all_true(local, mpi::world_comm()); }
+
+class MpiData : public ::testing::TestWithParam<DataExample> {};
+
+TEST_P(MpiData, ForwardAndAdjointMatchTheSeed) {
+  const DataExample& e = GetParam();
+  if (mpi::world_size() < e.world)
+    GTEST_SKIP() << "needs " << e.world << " ranks, running at " << mpi::world_size();
+  torch::set_num_threads(1);
+  const int me = mpi::world_rank();
+  const auto world = mpi::Partition::world();
+  const auto px = world.create_partition_inclusive(e.px_ranks).create_cartesian_topology_partition(e.px_shape);
+  at::Tensor x = (px.active() ? arange_input(me, e.local_shape) : at::zeros({0}, at::kDouble)).requires_grad_();
+  Options o{e.transpose_src, e.transpose_dest, e.preserve_batch};
+  at::Tensor y;
+  if (e.primitive == "all_sum_reduce") {
+    nn::AllSumReduce layer(px, e.axes);
+    y = layer(x);
+  } else {
+    const auto py = world.create_partition_inclusive(e.py_ranks).create_cartesian_topology_partition(e.py_shape);
+    if (e.primitive == "broadcast") {
+      nn::Broadcast layer(px, py, o);
+      y = layer(x);
+    } else {
+      nn::SumReduce layer(px, py, o);
+      y = layer(x);
+    }
+  }
+  const bool in_example = me < e.world;
+  bool ok = true;
+  if (in_example && e.y[me].defined()) {
+    ok = at::equal(y.detach(), e.y[me]);
+    EXPECT_TRUE(ok) << "worker " << me << "\n" << y << "\nexpected\n" << e.y[me];
+  } else {
+    ok = y.numel() == 0;
+    EXPECT_EQ(y.numel(), 0) << "worker " << me;
+    // Zero volume keeps the batch size only with preserve_batch.
+    if (px.active() && e.preserve_batch) ok = ok && y.dim() == 2 && y.size(0) == e.local_shape[0];
+    if (px.active() && !e.preserve_batch) ok = ok && y.sizes() == at::IntArrayRef{0};
+  }
+  torch::autograd::backward({y}, {arange_cotangent(me, Shape(y.sizes().begin(), y.sizes().end()))});
+  const at::Tensor g = x.grad().defined() ? x.grad() : at::zeros_like(x);
+  if (in_example && e.dx[me].defined()) {
+    const bool good = at::equal(g, e.dx[me]);
+    EXPECT_TRUE(good) << "gradient of worker " << me << "\n" << g << "\nexpected\n" << e.dx[me];
+    ok = ok && good;
+  } else {
+    ok = ok && g.count_nonzero().item<int64_t>() == 0;
+  }
+  EXPECT_TRUE(agreed(ok)) << e.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, MpiData, ::testing::ValuesIn(data_examples()),
+                         [](const auto& info) {
+                           std::string n = info.param.name;
+                           for (auto& ch : n)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+// Errors, not hangs: each mistake raises a clear ShapeError on every rank of
+// the layer, and the world communicator still works afterwards.
+void expect_shape_error(const std::function<void()>& body, const std::string& needle) {
+  bool raised = false;
+  std::string what;
+  try {
+    body();
+  } catch (const ShapeError& e) {
+    what = e.what();
+    raised = what.find(needle) != std::string::npos;
+  }
+  EXPECT_TRUE(raised) << "expected a ShapeError mentioning '" << needle << "', got '" << what << "'";
+  EXPECT_TRUE(agreed(raised));
+  EXPECT_TRUE(agreed(true));  // the world still works
+}
+
+TEST(MpiErrors, DataOutsidePx) {
+  const int n = mpi::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks, running at 1";
+  const auto world = mpi::Partition::world();
+  const auto px = world.create_partition_inclusive({0}).create_cartesian_topology_partition({1});
+  nn::Broadcast layer(px, world.create_cartesian_topology_partition({n}));
+  expect_shape_error([&] { layer(at::ones({3})); }, "is not in P_x");
+}
+
+TEST(MpiErrors, DifferentShapesInOneReduction) {
+  const int n = mpi::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks, running at 1";
+  const auto world = mpi::Partition::world();
+  const auto px = world.create_cartesian_topology_partition({n});
+  const auto py = world.create_partition_inclusive({0}).create_cartesian_topology_partition({1});
+  nn::SumReduce layer(px, py);
+  expect_shape_error([&] { layer(at::ones({2, 1 + mpi::world_rank()})); }, "different shapes");
+  nn::AllSumReduce all(px, std::vector<int>{0});
+  expect_shape_error([&] { all(at::ones({1 + mpi::world_rank()})); }, "different shapes");
+}
+
+TEST(MpiErrors, DtypesDisagree) {
+  const int n = mpi::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks, running at 1";
+  const auto world = mpi::Partition::world();
+  const auto px = world.create_cartesian_topology_partition({n});
+  nn::AllSumReduce all(px, std::vector<int>{0});
+  expect_shape_error([&] { all(at::ones({4}, mpi::world_rank() == 1 ? at::kFloat : at::kDouble)); },
+                     "dtypes differ");
+}
+
+TEST(MpiDtypes, BroadcastAndReduceMoveEverySupportedDtype) {
+  const int n = mpi::world_size();
+  const auto world = mpi::Partition::world();
+  const auto all = world.create_cartesian_topology_partition({n});
+  const auto root = world.create_partition_inclusive({0}).create_cartesian_topology_partition({1});
+  nn::Broadcast bcast(root, all);
+  nn::SumReduce reduce(all, root);
+  bool ok = true;
+  for (auto t : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kInt, at::kLong, at::kChar}) {
+    const at::Tensor x = mpi::world_rank() == 0 ? at::arange(6, at::kDouble).to(t) : at::zeros({0}, t);
+    const at::Tensor y = bcast(x);
+    ok = ok && y.scalar_type() == t && at::equal(y.to(at::kDouble), at::arange(6, at::kDouble));
+    // Small integers: the sum is exact in every dtype, bfloat16 included.
+    const at::Tensor s = reduce(at::full({3}, 1 + mpi::world_rank(), at::kDouble).to(t));
+    if (mpi::world_rank() == 0)
+      ok = ok && s.scalar_type() == t &&
+           at::equal(s.to(at::kDouble), at::full({3}, n * (n + 1) / 2, at::kDouble));
+    EXPECT_TRUE(ok) << "dtype " << t;
+  }
+  EXPECT_TRUE(agreed(ok));
+}
+
+}  // namespace
+}  // namespace partita::spec

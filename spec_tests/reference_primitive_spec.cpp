@@ -1,0 +1,55 @@
+// The seeds' examples with data, against the reference (one process).
+#include <gtest/gtest.h>
+
+#include "data_spec.hpp"
+#include "partita/reference/all_sum_reduce.hpp"
+#include "partita/reference/broadcast.hpp"
+#include "partita/reference/sum_reduce.hpp"
+
+namespace partita::spec {
+namespace {
+
+class ReferenceData : public ::testing::TestWithParam<DataExample> {};
+
+TEST_P(ReferenceData, ForwardAndAdjointMatchTheSeed) {
+  const DataExample& e = GetParam();
+  const auto world = reference::Partition::world(e.world);
+  const auto px = world.create_partition_inclusive(e.px_ranks).create_cartesian_topology_partition(e.px_shape);
+  reference::Tensors x(e.world);
+  for (int w = 0; w < e.world; ++w)
+    x[w] = (px.active(w) ? arange_input(w, e.local_shape) : at::zeros({0}, at::kDouble)).requires_grad_();
+  Options o{e.transpose_src, e.transpose_dest, e.preserve_batch};
+  reference::Tensors y;
+  if (e.primitive == "all_sum_reduce") {
+    y = reference::all_sum_reduce(px, e.axes, x);
+  } else {
+    const auto py = world.create_partition_inclusive(e.py_ranks).create_cartesian_topology_partition(e.py_shape);
+    y = e.primitive == "broadcast" ? reference::broadcast(px, py, x, o) : reference::sum_reduce(px, py, x, o);
+  }
+  at::Tensor total = at::zeros({}, at::kDouble);
+  for (int w = 0; w < e.world; ++w) {
+    if (e.y[w].defined()) {
+      EXPECT_TRUE(at::equal(y[w], e.y[w])) << "worker " << w << "\n" << y[w] << "\nexpected\n" << e.y[w];
+    } else {
+      EXPECT_EQ(y[w].numel(), 0) << "worker " << w;
+    }
+    total = total + (y[w] * arange_cotangent(w, Shape(y[w].sizes().begin(), y[w].sizes().end()))).sum();
+  }
+  total.backward();
+  for (int w = 0; w < e.world; ++w) {
+    const at::Tensor g = x[w].grad().defined() ? x[w].grad() : at::zeros_like(x[w]);
+    if (e.dx[w].defined()) EXPECT_TRUE(at::equal(g, e.dx[w])) << "gradient of worker " << w;
+    else EXPECT_EQ(g.count_nonzero().item<int64_t>(), 0) << "gradient of worker " << w;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, ReferenceData, ::testing::ValuesIn(data_examples()),
+                         [](const auto& info) {
+                           std::string n = info.param.name;
+                           for (auto& ch : n)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace partita::spec
