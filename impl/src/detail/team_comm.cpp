@@ -123,25 +123,23 @@ at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team
   const bool self = member_team.active() && root_team.active() &&
                     member_team.comm() == root_team.comm();
   at::Tensor send, out;
-  if (member_team.active() && !self) {
-    send = contrib.contiguous();
-    if (send.numel() > 0) {
-      reqs.emplace_back();
-      PARTITA_MPI_CHECK(MPI_Ireduce(send.data_ptr(), nullptr, mpi_count(send.numel(), what),
-                                    mpi_datatype(send.scalar_type()),
-                                    mpi_sum(send.scalar_type()), 0, member_team.comm(),
-                                    &reqs.back()));
-    }
+  if (member_team.active()) send = contrib.contiguous();
+  if (member_team.active() && !self && send.numel() > 0) {
+    reqs.emplace_back();
+    PARTITA_MPI_CHECK(MPI_Ireduce(send.data_ptr(), nullptr, mpi_count(send.numel(), what),
+                                  mpi_datatype(send.scalar_type()), mpi_sum(send.scalar_type()),
+                                  0, member_team.comm(), &reqs.back()));
   }
   if (root_team.active()) {
-    // The root reduces in place into its own contribution (zeros when it
-    // contributes nothing to this team).
-    out = self ? contrib.clone(at::MemoryFormat::Contiguous) : at::zeros(out_shape, out_options);
+    // A root that contributes to its own team sends from its input into a
+    // fresh output; one that does not reduces in place into zeros.
+    out = self ? at::empty(out_shape, out_options) : at::zeros(out_shape, out_options);
     if (out.numel() > 0) {
       reqs.emplace_back();
-      PARTITA_MPI_CHECK(MPI_Ireduce(MPI_IN_PLACE, out.data_ptr(), mpi_count(out.numel(), what),
-                                    mpi_datatype(out.scalar_type()), mpi_sum(out.scalar_type()),
-                                    0, root_team.comm(), &reqs.back()));
+      PARTITA_MPI_CHECK(MPI_Ireduce(self ? send.data_ptr() : MPI_IN_PLACE, out.data_ptr(),
+                                    mpi_count(out.numel(), what), mpi_datatype(out.scalar_type()),
+                                    mpi_sum(out.scalar_type()), 0, root_team.comm(),
+                                    &reqs.back()));
     }
   }
   wait_all(reqs, what.c_str());
