@@ -1,20 +1,20 @@
 // Google Benchmark under mpiexec: each partita primitive beside the raw MPI
-// collective that moves the same bytes on the same ranks.
+// collective that moves the same bytes on the same ranks, measured in the
+// same iterations (see `paired`).
 //
 //   broadcast       P_x = {0} -> P_y = world      vs MPI_Bcast from rank 0
 //   sum_reduce      P_x = world -> P_y = {0}      vs MPI_Reduce to rank 0
 //   all_sum_reduce  P_x = world, all dimensions   vs MPI_Allreduce
 //
 // "_fwd" times the forward call; "_fwdbwd" forward then backward, against
-// the raw pair (bcast+reduce, reduce+bcast, allreduce twice). Every
-// iteration starts after a barrier and its time is the slowest rank's, so
-// all ranks report the same figure and run the same number of iterations.
-// Only rank 0 prints or writes JSON.
+// the raw pair (bcast+reduce, reduce+bcast, allreduce twice). Only rank 0
+// prints or writes JSON.
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -37,19 +37,52 @@ void barrier() {
   partita::mpi::wait(req, "bench barrier");
 }
 
-// Runs `body` once per iteration and reports the slowest rank's time.
+// One timed call: after a barrier, the slowest rank's time (every rank gets
+// the same figure, so every rank takes the same decisions).
 template <typename Body>
-void timed(benchmark::State& state, int64_t bytes, Body&& body) {
+double once(Body&& body) {
+  barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  body();
+  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double slowest = 0;
+  MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, world_comm());
+  return slowest;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Each iteration times partita's call and its raw-MPI twin back to back (in
+// alternating order), so both see the same machine: on a shared 2-core
+// machine, runs minutes apart differ by more than the overhead measured.
+// The benchmark's time is partita's; counters: mpi_us and partita_us
+// (medians over the iterations) and ratio = partita_us / mpi_us.
+template <typename Ours, typename Raw>
+void paired(benchmark::State& state, int64_t bytes, Ours&& ours, Raw&& raw) {
+  std::vector<double> t_ours, t_raw;
+  bool raw_first = true;
   for (auto _ : state) {
-    barrier();
-    const auto t0 = std::chrono::steady_clock::now();
-    body();
-    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double slowest = 0;
-    MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, world_comm());
-    state.SetIterationTime(slowest);
+    double a, b;
+    if (raw_first) {
+      a = once(raw);
+      b = once(ours);
+    } else {
+      b = once(ours);
+      a = once(raw);
+    }
+    raw_first = !raw_first;
+    state.SetIterationTime(b);
+    t_ours.push_back(b);
+    t_raw.push_back(a);
   }
   state.SetBytesProcessed(state.iterations() * bytes);
+  const double m_ours = median(t_ours) * 1e6, m_raw = median(t_raw) * 1e6;
+  state.counters["partita_us"] = m_ours;
+  state.counters["mpi_us"] = m_raw;
+  state.counters["ratio"] = m_raw > 0 ? m_ours / m_raw : 0;
   state.counters["ranks"] = world_size();
 }
 
@@ -75,125 +108,92 @@ Layers& layers() {
 }
 
 int64_t count(const benchmark::State& s) { return s.range(0) / 4; }  // float32
+int mpi_n(const at::Tensor& t) { return static_cast<int>(t.numel()); }
 at::Tensor data(int64_t n, bool grad) { return torch::randn({n}).requires_grad_(grad); }
 at::Tensor empty(bool grad) { return torch::zeros({0}).requires_grad_(grad); }
 
-// ---- broadcast -------------------------------------------------------------
-void partita_broadcast_fwd(benchmark::State& s) {
+// Forward then backward of `layer` on x with cotangent dy; the gradient is
+// dropped each time so it is not accumulated across iterations.
+template <typename Layer>
+void fwdbwd(Layer& layer, const at::Tensor& x, const at::Tensor& dy) {
+  at::Tensor y = layer(x);
+  torch::autograd::backward({y}, {dy});
+  x.mutable_grad().reset();
+}
+
+// ---- broadcast: P_x = {0} -> world, beside MPI_Bcast from rank 0 ------------
+void broadcast_fwd(benchmark::State& s) {
   auto& L = layers();
   const at::Tensor x = world_rank() == 0 ? data(count(s), false) : empty(false);
-  timed(s, s.range(0), [&] { benchmark::DoNotOptimize(L.bcast(x)); });
-}
-void mpi_bcast(benchmark::State& s) {
   at::Tensor buf = data(count(s), false);
-  timed(s, s.range(0), [&] {
-    MPI_Bcast(buf.data_ptr(), static_cast<int>(buf.numel()), MPI_FLOAT, 0, world_comm());
-  });
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(L.bcast(x)); },
+         [&] { MPI_Bcast(buf.data_ptr(), mpi_n(buf), MPI_FLOAT, 0, world_comm()); });
 }
-void partita_broadcast_fwdbwd(benchmark::State& s) {
+void broadcast_fwdbwd(benchmark::State& s) {
   auto& L = layers();
   const at::Tensor x = world_rank() == 0 ? data(count(s), true) : empty(true);
   const at::Tensor dy = data(count(s), false);
-  timed(s, s.range(0), [&] {
-    at::Tensor y = L.bcast(x);
-    torch::autograd::backward({y}, {dy});
-    x.mutable_grad().reset();  // no accumulation across iterations
-  });
-}
-void mpi_bcast_reduce(benchmark::State& s) {
   at::Tensor buf = data(count(s), false), out = data(count(s), false);
-  timed(s, s.range(0), [&] {
-    MPI_Bcast(buf.data_ptr(), static_cast<int>(buf.numel()), MPI_FLOAT, 0, world_comm());
-    MPI_Reduce(buf.data_ptr(), out.data_ptr(), static_cast<int>(buf.numel()), MPI_FLOAT, MPI_SUM,
-               0, world_comm());
+  paired(s, s.range(0), [&] { fwdbwd(L.bcast, x, dy); }, [&] {
+    MPI_Bcast(buf.data_ptr(), mpi_n(buf), MPI_FLOAT, 0, world_comm());
+    MPI_Reduce(buf.data_ptr(), out.data_ptr(), mpi_n(buf), MPI_FLOAT, MPI_SUM, 0, world_comm());
   });
 }
 
-// ---- sum-reduce ------------------------------------------------------------
-void partita_sum_reduce_fwd(benchmark::State& s) {
+// ---- sum-reduce: world -> P_y = {0}, beside MPI_Reduce to rank 0 -------------
+void sum_reduce_fwd(benchmark::State& s) {
   auto& L = layers();
   const at::Tensor x = data(count(s), false);
-  timed(s, s.range(0), [&] { benchmark::DoNotOptimize(L.reduce(x)); });
-}
-void mpi_reduce(benchmark::State& s) {
   at::Tensor buf = data(count(s), false), out = data(count(s), false);
-  timed(s, s.range(0), [&] {
-    MPI_Reduce(buf.data_ptr(), out.data_ptr(), static_cast<int>(buf.numel()), MPI_FLOAT, MPI_SUM,
-               0, world_comm());
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(L.reduce(x)); }, [&] {
+    MPI_Reduce(buf.data_ptr(), out.data_ptr(), mpi_n(buf), MPI_FLOAT, MPI_SUM, 0, world_comm());
   });
 }
-void partita_sum_reduce_fwdbwd(benchmark::State& s) {
+void sum_reduce_fwdbwd(benchmark::State& s) {
   auto& L = layers();
   const at::Tensor x = data(count(s), true);
-  const at::Tensor dy = world_rank() == 0 ? data(count(s), false) : torch::zeros({0});
-  timed(s, s.range(0), [&] {
-    at::Tensor y = L.reduce(x);
-    torch::autograd::backward({y}, {dy});
-    x.mutable_grad().reset();
-  });
-}
-void mpi_reduce_bcast(benchmark::State& s) {
+  // The cotangent has the output's shape: data on rank 0, zero-volume
+  // ({n, 0} with preserve_batch) elsewhere.
+  const at::Tensor dy = torch::randn(L.reduce(x.detach()).sizes());
   at::Tensor buf = data(count(s), false), out = data(count(s), false);
-  timed(s, s.range(0), [&] {
-    MPI_Reduce(buf.data_ptr(), out.data_ptr(), static_cast<int>(buf.numel()), MPI_FLOAT, MPI_SUM,
-               0, world_comm());
-    MPI_Bcast(out.data_ptr(), static_cast<int>(out.numel()), MPI_FLOAT, 0, world_comm());
+  paired(s, s.range(0), [&] { fwdbwd(L.reduce, x, dy); }, [&] {
+    MPI_Reduce(buf.data_ptr(), out.data_ptr(), mpi_n(buf), MPI_FLOAT, MPI_SUM, 0, world_comm());
+    MPI_Bcast(out.data_ptr(), mpi_n(out), MPI_FLOAT, 0, world_comm());
   });
 }
 
-// ---- all-sum-reduce ----------------------------------------------------------
-void partita_all_sum_reduce_fwd(benchmark::State& s) {
+// ---- all-sum-reduce over the whole world, beside MPI_Allreduce ---------------
+void all_sum_reduce_fwd(benchmark::State& s) {
   auto& L = layers();
   const at::Tensor x = data(count(s), false);
-  timed(s, s.range(0), [&] { benchmark::DoNotOptimize(L.allreduce(x)); });
-}
-void mpi_allreduce(benchmark::State& s) {
   at::Tensor buf = data(count(s), false), out = data(count(s), false);
-  timed(s, s.range(0), [&] {
-    MPI_Allreduce(buf.data_ptr(), out.data_ptr(), static_cast<int>(buf.numel()), MPI_FLOAT,
-                  MPI_SUM, world_comm());
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(L.allreduce(x)); }, [&] {
+    MPI_Allreduce(buf.data_ptr(), out.data_ptr(), mpi_n(buf), MPI_FLOAT, MPI_SUM, world_comm());
   });
 }
-void partita_all_sum_reduce_fwdbwd(benchmark::State& s) {
+void all_sum_reduce_fwdbwd(benchmark::State& s) {
   auto& L = layers();
   const at::Tensor x = data(count(s), true);
   const at::Tensor dy = data(count(s), false);
-  timed(s, s.range(0), [&] {
-    at::Tensor y = L.allreduce(x);
-    torch::autograd::backward({y}, {dy});
-    x.mutable_grad().reset();
-  });
-}
-void mpi_allreduce_twice(benchmark::State& s) {
   at::Tensor buf = data(count(s), false), out = data(count(s), false);
-  timed(s, s.range(0), [&] {
-    MPI_Allreduce(buf.data_ptr(), out.data_ptr(), static_cast<int>(buf.numel()), MPI_FLOAT,
-                  MPI_SUM, world_comm());
-    MPI_Allreduce(out.data_ptr(), buf.data_ptr(), static_cast<int>(buf.numel()), MPI_FLOAT,
-                  MPI_SUM, world_comm());
+  paired(s, s.range(0), [&] { fwdbwd(L.allreduce, x, dy); }, [&] {
+    MPI_Allreduce(buf.data_ptr(), out.data_ptr(), mpi_n(buf), MPI_FLOAT, MPI_SUM, world_comm());
+    MPI_Allreduce(out.data_ptr(), buf.data_ptr(), mpi_n(buf), MPI_FLOAT, MPI_SUM, world_comm());
   });
 }
 
-// 4 KiB to 16 MiB by factors of 4; fixed iteration counts so that every
-// rank runs the same number (no adaptive stopping that could differ).
+// 4 KiB to 16 MiB by factors of 4.
 void sizes(benchmark::internal::Benchmark* b) {
   for (int64_t bytes = 4 << 10; bytes <= 16 << 20; bytes *= 4) b->Arg(bytes);
   b->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
-#define PARTITA_BENCH(fn) BENCHMARK(fn)->Apply(sizes)
-PARTITA_BENCH(partita_broadcast_fwd);
-PARTITA_BENCH(mpi_bcast);
-PARTITA_BENCH(partita_broadcast_fwdbwd);
-PARTITA_BENCH(mpi_bcast_reduce);
-PARTITA_BENCH(partita_sum_reduce_fwd);
-PARTITA_BENCH(mpi_reduce);
-PARTITA_BENCH(partita_sum_reduce_fwdbwd);
-PARTITA_BENCH(mpi_reduce_bcast);
-PARTITA_BENCH(partita_all_sum_reduce_fwd);
-PARTITA_BENCH(mpi_allreduce);
-PARTITA_BENCH(partita_all_sum_reduce_fwdbwd);
-PARTITA_BENCH(mpi_allreduce_twice);
+BENCHMARK(broadcast_fwd)->Apply(sizes);
+BENCHMARK(broadcast_fwdbwd)->Apply(sizes);
+BENCHMARK(sum_reduce_fwd)->Apply(sizes);
+BENCHMARK(sum_reduce_fwdbwd)->Apply(sizes);
+BENCHMARK(all_sum_reduce_fwd)->Apply(sizes);
+BENCHMARK(all_sum_reduce_fwdbwd)->Apply(sizes);
 
 class NullReporter : public benchmark::BenchmarkReporter {
  public:
@@ -206,8 +206,17 @@ class NullReporter : public benchmark::BenchmarkReporter {
 int main(int argc, char** argv) {
   partita::mpi::Environment env(&argc, &argv);
   torch::set_num_threads(1);
-  // Only rank 0 writes files: the others drop --benchmark_out*.
+  // Only rank 0 writes files: the others drop --benchmark_out*. Random
+  // interleaving shuffles differently on every rank, so the ranks would run
+  // different benchmarks at once and wait for each other forever: refused.
   std::vector<char*> args(argv, argv + argc);
+  for (int i = 1; i < argc; ++i)
+    if (std::strstr(argv[i], "random_interleaving") && !std::strstr(argv[i], "=false")) {
+      if (world_rank() == 0)
+        std::fprintf(stderr, "bench_primitives: random interleaving would deadlock under MPI "
+                             "(each rank shuffles differently); run without it\n");
+      return 2;
+    }
   if (world_rank() != 0)
     args.erase(std::remove_if(args.begin() + 1, args.end(),
                               [](char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),

@@ -1,32 +1,23 @@
 #!/usr/bin/env python3
 """Markdown table of partita's benchmarks against their raw-MPI twins.
 
-usage: ratio_table.py RESULT.json   (Google Benchmark JSON with repetitions)
+usage: ratio_table.py RESULT.json   (bench_primitives JSON, with repetitions)
 
-Pairs every partita_<primitive>_<mode> with the raw MPI benchmark that moves
-the same bytes, and prints the median times, their ratio and difference.
+Each benchmark times partita and its raw-MPI twin in the same iterations and
+records the medians as counters (partita_us, mpi_us, ratio); this prints the
+median over the repetitions of each.
 """
 import json
 import sys
 
 TWINS = {
-    "partita_broadcast_fwd": "mpi_bcast",
-    "partita_broadcast_fwdbwd": "mpi_bcast_reduce",
-    "partita_sum_reduce_fwd": "mpi_reduce",
-    "partita_sum_reduce_fwdbwd": "mpi_reduce_bcast",
-    "partita_all_sum_reduce_fwd": "mpi_allreduce",
-    "partita_all_sum_reduce_fwdbwd": "mpi_allreduce_twice",
+    "broadcast_fwd": "MPI_Bcast",
+    "broadcast_fwdbwd": "MPI_Bcast + MPI_Reduce",
+    "sum_reduce_fwd": "MPI_Reduce",
+    "sum_reduce_fwdbwd": "MPI_Reduce + MPI_Bcast",
+    "all_sum_reduce_fwd": "MPI_Allreduce",
+    "all_sum_reduce_fwdbwd": "2 x MPI_Allreduce",
 }
-
-
-def medians(doc):
-    out = {}
-    for b in doc["benchmarks"]:
-        if b.get("aggregate_name") != "median":
-            continue
-        name, size = b["run_name"].split("/")[:2]
-        out[(name, int(size))] = b["real_time"]  # manual time, in the unit below
-    return out
 
 
 def human(nbytes):
@@ -35,18 +26,21 @@ def human(nbytes):
 
 def main(path):
     doc = json.load(open(path))
-    med = medians(doc)
-    ranks = next((b.get("ranks") for b in doc["benchmarks"] if "ranks" in b), "?")
-    print(f"| primitive | size | partita (us) | raw MPI (us) | ratio | difference (us) |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
-    for ours, twin in TWINS.items():
-        for (name, size), t in sorted(med.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-            if name != ours or (twin, size) not in med:
-                continue
-            raw = med[(twin, size)]
-            print(f"| {ours.replace('partita_', '')} vs {twin} | {human(size)} | {t:.2f} | "
-                  f"{raw:.2f} | {t / raw:.2f} | {t - raw:+.2f} |")
-    print(f"\n(medians; {ranks} ranks; time unit: microseconds)")
+    rows = []
+    for b in doc["benchmarks"]:
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+            continue
+        name, size = b["run_name"].split("/")[:2]
+        rows.append((list(TWINS).index(name), int(size), name, b))
+    ranks = int(rows[0][3]["ranks"]) if rows else "?"
+    print("| primitive | raw MPI twin | size | partita (us) | raw MPI (us) | ratio | difference (us) |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for _, size, name, b in sorted(rows, key=lambda r: (r[0], r[1])):
+        ours, raw = b["partita_us"], b["mpi_us"]
+        print(f"| {name} | {TWINS[name]} | {human(size)} | {ours:.1f} | {raw:.1f} | "
+              f"{b['ratio']:.2f} | {ours - raw:+.1f} |")
+    print(f"\n(medians over repetitions of per-iteration medians; {ranks} ranks; "
+          f"{doc['context'].get('num_cpus', '?')} cores)")
 
 
 if __name__ == "__main__":
