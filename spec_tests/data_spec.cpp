@@ -1,6 +1,7 @@
 #include "data_spec.hpp"
 
 #include <algorithm>
+#include <cctype>
 
 namespace partita::spec {
 
@@ -59,6 +60,13 @@ DataExample from_table(const SeedTable& t, bool broadcast, const Shape& local) {
 }
 
 }  // namespace
+
+std::string test_name(const DataExample& e) {
+  std::string n = e.name;
+  for (auto& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
 
 std::vector<DataExample> data_examples() {
   std::vector<DataExample> out;

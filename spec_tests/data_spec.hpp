@@ -35,6 +35,9 @@ struct DataExample {
   std::vector<at::Tensor> y, dx;
 };
 
+// The example's name as a gtest parameter name (alphanumerics and '_').
+std::string test_name(const DataExample& e);
+
 // Seed 001's code example, seed 000's three tables, and the reduction
 // examples 1-8 that reduce.
 std::vector<DataExample> data_examples();

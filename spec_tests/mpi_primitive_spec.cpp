@@ -67,12 +67,7 @@ TEST_P(MpiData, ForwardAndAdjointMatchTheSeed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, MpiData, ::testing::ValuesIn(data_examples()),
-                         [](const auto& info) {
-                           std::string n = info.param.name;
-                           for (auto& ch : n)
-                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+                         [](const auto& info) { return test_name(info.param); });
 
 // Errors, not hangs: each mistake raises a clear ShapeError on every rank of
 // the layer, and the world communicator still works afterwards.

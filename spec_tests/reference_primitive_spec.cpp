@@ -44,12 +44,7 @@ TEST_P(ReferenceData, ForwardAndAdjointMatchTheSeed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, ReferenceData, ::testing::ValuesIn(data_examples()),
-                         [](const auto& info) {
-                           std::string n = info.param.name;
-                           for (auto& ch : n)
-                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+                         [](const auto& info) { return test_name(info.param); });
 
 }  // namespace
 }  // namespace partita::spec
