@@ -136,10 +136,13 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
       c.P_y = PartitionSpec{p.px_ranks, p.px_shape};
       c.options.transpose_src = p.transpose_dest;
       c.options.transpose_dest = p.transpose_src;
-    } else {
+    } else if (c.primitive == "all_sum_reduce") {
       c.P_x = {p.py_ranks, p.py_shape};
       for (size_t d = 0; d < p.remain.size(); ++d)
         if (p.remain[d]) c.axes.push_back(static_cast<int>(d));
+    } else {  // all_gather, reduce_scatter: one partition and tensor dimension
+      c.P_x = {p.py_ranks, p.py_shape};
+      c.axis = *rc::gen::inRange<int>(0, static_cast<int>(p.py_shape.size()));
     }
     c.options.preserve_batch = chance(1, 2);
     c.dtype = *rc::gen::weightedElement<std::string>(
@@ -157,6 +160,25 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
       for (int d = 0; d < dims; ++d)
         s.push_back(chance(1, 10) ? 0 : *rc::gen::inRange<int64_t>(1, 6));
       c.local_shape = s;
+    }
+    if (c.primitive == "all_gather" || c.primitive == "reduce_scatter") {
+      // A tensor with at least one dimension; for a gather, each worker's
+      // extent along `dim` is its own (uneven pieces).
+      Shape base;
+      const int dims = *rc::gen::inRange(1, 4);
+      for (int d = 0; d < dims; ++d) base.push_back(chance(1, 10) ? 0 : *rc::gen::inRange<int64_t>(1, 5));
+      c.dim = *rc::gen::inRange<int64_t>(0, dims);
+      c.global_shape.reset();
+      c.local_shape.reset();
+      if (c.primitive == "all_gather" && chance(2, 3)) {
+        for (int r : c.P_x.ranks) {
+          Shape s = base;
+          s[c.dim] = *rc::gen::inRange<int64_t>(0, 5);
+          c.local_shapes[r] = s;
+        }
+      } else {
+        c.local_shape = base;
+      }
     }
     c.ranks = world;
     c.data_seed = *rc::gen::inRange<uint64_t>(1, 1u << 30);

@@ -42,6 +42,8 @@ void check_primitive(const std::string& primitive) {
 TEST(PrimitiveProperty, Broadcast) { check_primitive("broadcast"); }
 TEST(PrimitiveProperty, SumReduce) { check_primitive("sum_reduce"); }
 TEST(PrimitiveProperty, AllSumReduce) { check_primitive("all_sum_reduce"); }
+TEST(PrimitiveProperty, AllGather) { check_primitive("all_gather"); }
+TEST(PrimitiveProperty, ReduceScatter) { check_primitive("reduce_scatter"); }
 
 }  // namespace
 }  // namespace partita::testing

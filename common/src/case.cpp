@@ -25,7 +25,10 @@ json::Value spec_json(const PartitionSpec& s) {
   return v;
 }
 
-const char* kPrimitives[] = {"broadcast", "sum_reduce", "all_sum_reduce"};
+const char* kPrimitives[] = {"broadcast", "sum_reduce", "all_sum_reduce", "all_gather",
+                             "reduce_scatter"};
+
+bool along_one_axis(const std::string& p) { return p == "all_gather" || p == "reduce_scatter"; }
 
 }  // namespace
 
@@ -35,10 +38,13 @@ Case Case::from_json(const json::Value& v) {
   if (std::find(std::begin(kPrimitives), std::end(kPrimitives), c.primitive) ==
       std::end(kPrimitives))
     throw Error("case: unknown primitive '" + c.primitive +
-                "' (broadcast, sum_reduce, all_sum_reduce)");
+                "' (broadcast, sum_reduce, all_sum_reduce, all_gather, reduce_scatter)");
   c.P_x = spec_from(v["P_x"], "P_x");
   if (c.primitive == "all_sum_reduce") {
     for (auto a : v["axes"].as_int_list()) c.axes.push_back(static_cast<int>(a));
+  } else if (along_one_axis(c.primitive)) {
+    c.axis = static_cast<int>(v["axis"].as_int());
+    c.dim = v["dim"].as_int();
   } else {
     c.P_y = spec_from(v["P_y"], "P_y");
   }
@@ -88,6 +94,10 @@ json::Value Case::to_json() const {
   v.set("P_x", spec_json(P_x));
   if (P_y) v.set("P_y", spec_json(*P_y));
   if (primitive == "all_sum_reduce") v.set("axes", json::Value::array_of(axes));
+  if (along_one_axis(primitive)) {
+    v.set("axis", axis);
+    v.set("dim", dim);
+  }
   if (global_shape) v.set("global_shape", json::Value::array_of(*global_shape));
   if (local_shape) v.set("local_shape", json::Value::array_of(*local_shape));
   if (!local_shapes.empty()) {

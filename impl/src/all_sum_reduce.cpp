@@ -2,7 +2,6 @@
 
 #include <ATen/core/grad_mode.h>
 
-#include <map>
 
 #include "detail/layer_checks.hpp"
 #include "detail/team_comm.hpp"
@@ -45,15 +44,7 @@ AllSumReduceImpl::AllSumReduceImpl(const mpi::Partition& P_x, std::vector<int> a
             list_string(Ranks(axes.begin(), axes.end())) + "})";
   l->P_x = P_x;
   l->team = P_x.create_allreduction_partition(axes);
-  // Every team, for the shape checks: workers grouped by their index along
-  // the dimensions that are not reduced.
-  std::map<Index, Ranks> by_key;
-  for (int r = 0; P_x.active() && r < P_x.size(); ++r) {
-    Index key = unravel(r, P_x.shape());
-    for (int a : axes) key[a] = 0;
-    by_key[key].push_back(P_x.workers()[r]);
-  }
-  for (auto& [key, g] : by_key) l->groups.push_back(g);
+  l->groups = detail::teams_along(P_x, axes);  // for the shape checks
   layer_ = l;
 }
 

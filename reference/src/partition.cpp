@@ -14,9 +14,10 @@ int Family::label_of(int worker) const {
   return -1;
 }
 
-Partition Family::of(int worker) const {
+const Partition& Family::of(int worker) const {
+  static const Partition none;
   const int l = label_of(worker);
-  return l < 0 ? Partition() : parts[l];
+  return l < 0 ? none : parts[l];
 }
 
 Partition SendRecv::send(int worker) const {

@@ -23,10 +23,13 @@ struct PartitionSpec {
 };
 
 struct Case {
-  std::string primitive;  // broadcast | sum_reduce | all_sum_reduce
+  // broadcast | sum_reduce | all_sum_reduce | all_gather | reduce_scatter
+  std::string primitive;
   PartitionSpec P_x;
   std::optional<PartitionSpec> P_y;  // not for all_sum_reduce
   std::vector<int> axes;             // all_sum_reduce only
+  int axis = 0;                      // all_gather / reduce_scatter: partition dimension
+  int64_t dim = 0;                   // ... and tensor dimension
   Options options;
   std::string dtype = "float64";
 

@@ -1,6 +1,7 @@
 #include "detail/layer_checks.hpp"
 
 #include <algorithm>
+#include <map>
 
 namespace partita::mpi::detail {
 
@@ -59,6 +60,18 @@ void check_same_shapes(const std::string& layer, const Partition& P_union,
                          " hold different shapes " + shape_text(a) + " and " + shape_text(b));
     }
   }
+}
+
+std::vector<Ranks> teams_along(const Partition& P_x, const std::vector<int>& axes) {
+  std::map<Index, Ranks> by_key;
+  for (int r = 0; P_x.active() && r < P_x.size(); ++r) {
+    Index key = unravel(r, P_x.shape());
+    for (int a : axes) key.at(a) = 0;
+    by_key[key].push_back(P_x.workers()[r]);
+  }
+  std::vector<Ranks> out;
+  for (auto& kv : by_key) out.push_back(kv.second);
+  return out;
 }
 
 bool any_requires_grad(const std::vector<Header>& headers) {

@@ -23,6 +23,11 @@ void check_same_shapes(const std::string& layer, const Partition& P_union,
 // Does any member's input require grad? (The same answer on every rank.)
 bool any_requires_grad(const std::vector<Header>& headers);
 
+// Every team of workers of P_x that differ only along `axes` (world ranks,
+// in P_x rank order): what each rank must know to check the others' inputs.
+// Empty on ranks outside P_x.
+std::vector<Ranks> teams_along(const Partition& P_x, const std::vector<int>& axes);
+
 // The header of world rank `worker` (which must be in P_union).
 const Header& header_of(const Partition& P_union, const std::vector<Header>& headers, int worker);
 

@@ -197,3 +197,67 @@ at::Tensor with_adjoint(at::Tensor out, const at::Tensor& x, bool attach,
 }
 
 }  // namespace partita::mpi::detail
+
+namespace partita::mpi::detail {
+
+namespace {
+// Elements of one unit of length along `dim` (the product of the others).
+int64_t row_volume(at::IntArrayRef sizes, int64_t dim) {
+  int64_t v = 1;
+  for (int64_t d = 0; d < static_cast<int64_t>(sizes.size()); ++d)
+    if (d != dim) v *= sizes[d];
+  return v;
+}
+}  // namespace
+
+// Both move the gathered/scattered dimension to the front so that every
+// member's piece is one contiguous block, then move it back.
+at::Tensor allgather_dim(const Partition& team, const at::Tensor& x, int64_t dim,
+                         const std::vector<int64_t>& lengths, const std::string& what) {
+  const at::Tensor front = x.movedim(dim, 0).contiguous();
+  const int64_t row = row_volume(x.sizes(), dim);
+  int64_t total = 0;
+  std::vector<int> counts, displs;
+  for (int64_t len : lengths) {
+    displs.push_back(mpi_count(total * row, what));
+    counts.push_back(mpi_count(len * row, what));
+    total += len;
+  }
+  std::vector<int64_t> out_sizes = front.sizes().vec();
+  out_sizes[0] = total;
+  at::Tensor out = at::empty(out_sizes, front.options());
+  if (team.size() == 1) {
+    out.copy_(front);
+  } else if (out.numel() > 0) {
+    MPI_Request req;
+    PARTITA_MPI_CHECK(MPI_Iallgatherv(front.data_ptr(), mpi_count(front.numel(), what),
+                                      mpi_datatype(front.scalar_type()), out.data_ptr(),
+                                      counts.data(), displs.data(),
+                                      mpi_datatype(out.scalar_type()), team.comm(), &req));
+    wait(req, what.c_str());
+  }
+  return out.movedim(0, dim).contiguous();
+}
+
+at::Tensor reduce_scatter_dim(const Partition& team, const at::Tensor& x, int64_t dim,
+                              const std::vector<int64_t>& lengths, const std::string& what) {
+  const at::Tensor front = x.movedim(dim, 0).contiguous();
+  const int64_t row = row_volume(x.sizes(), dim);
+  std::vector<int> counts;
+  for (int64_t len : lengths) counts.push_back(mpi_count(len * row, what));
+  std::vector<int64_t> out_sizes = front.sizes().vec();
+  out_sizes[0] = lengths.at(team.rank());
+  at::Tensor out = at::empty(out_sizes, front.options());
+  if (team.size() == 1) {
+    out.copy_(front);
+  } else if (front.numel() > 0) {
+    MPI_Request req;
+    PARTITA_MPI_CHECK(MPI_Ireduce_scatter(front.data_ptr(), out.data_ptr(), counts.data(),
+                                          mpi_datatype(front.scalar_type()),
+                                          mpi_sum(front.scalar_type()), team.comm(), &req));
+    wait(req, what.c_str());
+  }
+  return out.movedim(0, dim).contiguous();
+}
+
+}  // namespace partita::mpi::detail

@@ -68,3 +68,18 @@ at::Tensor with_adjoint(at::Tensor out, const at::Tensor& x, bool attach,
                         const std::string& name, Adjoint adjoint);
 
 }  // namespace partita::mpi::detail
+
+namespace partita::mpi::detail {
+
+// Concatenation along tensor dimension `dim` of every team member's `x`, in
+// team rank order; `lengths[i]` is member i's extent along `dim` (the other
+// extents agree). Every member gets the result.
+at::Tensor allgather_dim(const Partition& team, const at::Tensor& x, int64_t dim,
+                         const std::vector<int64_t>& lengths, const std::string& what);
+
+// The sum over the team of `x` (one shape everywhere), split along `dim`:
+// member i gets the slice of extent `lengths[i]` after those of members < i.
+at::Tensor reduce_scatter_dim(const Partition& team, const at::Tensor& x, int64_t dim,
+                              const std::vector<int64_t>& lengths, const std::string& what);
+
+}  // namespace partita::mpi::detail

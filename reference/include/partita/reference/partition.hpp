@@ -26,7 +26,9 @@ class Partition;
 struct Family {
   std::vector<Partition> parts;
   int label_of(int worker) const;  // -1: the worker is in none of them
-  Partition of(int worker) const;  // the null partition if in none
+  // The worker's sub-partition (a reference into `parts`, or to a static
+  // null partition when it is in none), so that `of(w).workers()` is safe.
+  const Partition& of(int worker) const;
 };
 
 // The partitions of a broadcast or sum-reduce. parts[l].workers()[0] is the

@@ -1,0 +1,51 @@
+// partita::nn::AllGather and partita::nn::ReduceScatter along one dimension
+// of a Cartesian partition (DESIGN.md).
+//
+// Teams: the workers of P_x that differ only along partition dimension
+// `axis`, in order along it.
+// AllGather forward: every member gets the concatenation of the team's
+// inputs along tensor dimension `dim` (inputs may differ in extent along
+// `dim` only). Adjoint: the reduce-scatter — the team's gradients summed, and
+// each member keeps the slice its own input occupied.
+// ReduceScatter forward: the team's inputs (one shape) summed, split along
+// `dim` by the balanced decomposition (member i of k gets N/k + (i < N%k)
+// rows starting at i*(N/k) + min(i, N%k)). Adjoint: the all-gather of the
+// slices' gradients.
+// Workers outside P_x return a clone of their (zero-volume) input.
+// Construction is collective over the active members of P_x.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+
+#include "partita/mpi/partition.hpp"
+
+namespace partita::nn {
+
+namespace detail {
+struct GatherLayer;
+}
+
+class AllGatherImpl : public torch::nn::Module {
+ public:
+  AllGatherImpl(const mpi::Partition& P_x, int axis, int64_t dim);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  std::shared_ptr<const detail::GatherLayer> layer_;
+};
+TORCH_MODULE(AllGather);
+
+class ReduceScatterImpl : public torch::nn::Module {
+ public:
+  ReduceScatterImpl(const mpi::Partition& P_x, int axis, int64_t dim);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  std::shared_ptr<const detail::GatherLayer> layer_;
+};
+TORCH_MODULE(ReduceScatter);
+
+}  // namespace partita::nn

@@ -1,0 +1,95 @@
+#include "partita/nn/all_gather.hpp"
+
+#include <ATen/core/grad_mode.h>
+
+
+#include "detail/layer_checks.hpp"
+#include "detail/team_comm.hpp"
+
+namespace partita::nn {
+
+namespace detail {
+
+using namespace partita::mpi::detail;
+
+// What AllGather and ReduceScatter share: the teams along `axis` and the
+// checks. Each one's forward is the other's adjoint.
+struct GatherLayer {
+  bool gather = true;  // AllGather; else ReduceScatter
+  std::string name;
+  mpi::Partition P_x, team;
+  int axis = 0;
+  int64_t dim = 0;
+  std::vector<Ranks> groups;  // every team, world ranks in order along `axis`
+
+  at::Tensor forward(const at::Tensor& x) const {
+    if (!P_x.active()) return x.clone();
+    const auto headers = exchange_headers(P_x, make_header(x), name.c_str());
+    check_inputs(name, P_x, P_x, headers);
+    // `dim` must exist; the team's inputs agree except (for a gather) along it.
+    for (int u = 0; u < P_x.size(); ++u)
+      if (dim >= headers[u].ndim)
+        throw ShapeError(name + ": worker " + std::to_string(P_x.workers()[u]) +
+                         " passed a tensor of " + std::to_string(headers[u].ndim) +
+                         " dimensions, which has no dimension " + std::to_string(dim));
+    for (const auto& g : groups) {
+      for (size_t i = 1; i < g.size(); ++i) {
+        Shape a = header_of(P_x, headers, g[0]).shape(), b = header_of(P_x, headers, g[i]).shape();
+        if (gather) a[dim] = b[dim] = 0;
+        if (a != b)
+          throw ShapeError(name + ": workers " + std::to_string(g[0]) + " and " +
+                           std::to_string(g[i]) + " of one team hold shapes [" +
+                           list_string(header_of(P_x, headers, g[0]).shape()) + "] and [" +
+                           list_string(header_of(P_x, headers, g[i]).shape()) + "]" +
+                           (gather ? " that differ outside dimension " + std::to_string(dim) : ""));
+      }
+    }
+    // Extents along `dim`: the members' own (gather) or the balanced split.
+    std::vector<int64_t> lengths;
+    for (int w : team.workers()) lengths.push_back(header_of(P_x, headers, w).dims[dim]);
+    if (!gather) {
+      const int64_t n = x.size(dim), k = team.size();
+      for (int64_t i = 0; i < k; ++i) lengths[i] = local_length(n, k, i);
+    }
+    at::Tensor y;
+    {
+      at::NoGradGuard no_grad;
+      y = gather ? allgather_dim(team, x, dim, lengths, name)
+                 : reduce_scatter_dim(team, x, dim, lengths, name);
+    }
+    const mpi::Partition t = team;
+    const int64_t d = dim;
+    const bool g = gather;
+    const std::string adjoint_name = name + " adjoint";
+    return with_adjoint(y, x, any_requires_grad(headers), name, [=](const at::Tensor& gy) {
+      return g ? reduce_scatter_dim(t, gy, d, lengths, adjoint_name)
+               : allgather_dim(t, gy, d, lengths, adjoint_name);
+    });
+  }
+};
+
+std::shared_ptr<GatherLayer> make(bool gather, const mpi::Partition& P_x, int axis, int64_t dim) {
+  auto l = std::make_shared<GatherLayer>();
+  l->gather = gather;
+  l->name = std::string(gather ? "AllGather" : "ReduceScatter") + "(P_x " + P_x.describe() +
+            ", axis " + std::to_string(axis) + ", dim " + std::to_string(dim) + ")";
+  l->P_x = P_x;
+  l->axis = axis;
+  l->dim = dim;
+  if (dim < 0) throw PartitionError(l->name + ": negative tensor dimension");
+  l->team = P_x.create_allreduction_partition({axis});
+  l->groups = teams_along(P_x, {axis});
+  return l;
+}
+
+}  // namespace detail
+
+AllGatherImpl::AllGatherImpl(const mpi::Partition& P_x, int axis, int64_t dim)
+    : layer_(detail::make(true, P_x, axis, dim)) {}
+torch::Tensor AllGatherImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
+
+ReduceScatterImpl::ReduceScatterImpl(const mpi::Partition& P_x, int axis, int64_t dim)
+    : layer_(detail::make(false, P_x, axis, dim)) {}
+torch::Tensor ReduceScatterImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
+
+}  // namespace partita::nn
