@@ -155,3 +155,22 @@ std::vector<DataExample> data_examples() {
 }
 
 }  // namespace partita::spec
+
+namespace partita::spec {
+
+at::Tensor expected_all_gather(int worker) {
+  const double a = worker < 2 ? 0 : 2000, b = worker < 2 ? 1000 : 3000;
+  return at::tensor({0 + a, 1 + a, 2 + a, 3 + a, 4 + a, 5 + a, 0 + b, 1 + b, 2 + b, 3 + b, 4 + b, 5 + b},
+                    at::kDouble)
+      .reshape({4, 3});
+}
+
+at::Tensor expected_reduce_scatter(int worker) {
+  const double base = worker < 2 ? 1000 : 5000;
+  if (worker % 2 == 0)
+    return at::tensor({0 + base, 2 + base, 4 + base, 6 + base, 8 + base, 10 + base}, at::kDouble)
+        .reshape({3, 2});
+  return at::tensor({12 + base, 14 + base, 16 + base, 18 + base}, at::kDouble).reshape({2, 2});
+}
+
+}  // namespace partita::spec

@@ -43,3 +43,19 @@ std::string test_name(const DataExample& e);
 std::vector<DataExample> data_examples();
 
 }  // namespace partita::spec
+
+namespace partita::spec {
+
+// DESIGN.md's AllGather and ReduceScatter on P_x = 2x2 over workers 0-3
+// along partition dimension 1 (teams {0,1} and {2,3}), tensor dimension 0,
+// with arange inputs: written out number by number.
+//  - all-gather of x_w = arange(6).reshape(2,3) + 1000w: workers 0 and 1 get
+//    [[0,1,2],[3,4,5],[1000,1001,1002],[1003,1004,1005]], workers 2 and 3 the
+//    same with 2000 and 3000.
+//  - reduce-scatter of x_w = arange(10).reshape(5,2) + 1000w: the team sum is
+//    2*arange + 1000 (team {0,1}) or + 5000 (team {2,3}); 5 rows over 2
+//    workers: the first gets rows 0-2, the second rows 3-4.
+at::Tensor expected_all_gather(int worker);
+at::Tensor expected_reduce_scatter(int worker);
+
+}  // namespace partita::spec

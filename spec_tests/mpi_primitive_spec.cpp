@@ -71,7 +71,9 @@ INSTANTIATE_TEST_SUITE_P(Seeds, MpiData, ::testing::ValuesIn(data_examples()),
 
 // Errors, not hangs: each mistake raises a clear ShapeError on every rank of
 // the layer, and the world communicator still works afterwards.
-void expect_shape_error(const std::function<void()>& body, const std::string& needle) {
+// Ranks outside the layer (`involved` false) take no part and need not raise.
+void expect_shape_error(const std::function<void()>& body, const std::string& needle,
+                        bool involved = true) {
   bool raised = false;
   std::string what;
   try {
@@ -80,8 +82,10 @@ void expect_shape_error(const std::function<void()>& body, const std::string& ne
     what = e.what();
     raised = what.find(needle) != std::string::npos;
   }
-  EXPECT_TRUE(raised) << "expected a ShapeError mentioning '" << needle << "', got '" << what << "'";
-  EXPECT_TRUE(agreed(raised));
+  if (involved) {
+    EXPECT_TRUE(raised) << "expected a ShapeError mentioning '" << needle << "', got '" << what << "'";
+  }
+  EXPECT_TRUE(agreed(raised || !involved));
   EXPECT_TRUE(agreed(true));  // the world still works
 }
 
@@ -135,6 +139,37 @@ TEST(MpiDtypes, BroadcastAndReduceMoveEverySupportedDtype) {
            at::equal(s.to(at::kDouble), at::full({3}, n * (n + 1) / 2, at::kDouble));
     EXPECT_TRUE(ok) << "dtype " << t;
   }
+  EXPECT_TRUE(agreed(ok));
+}
+
+}  // namespace
+}  // namespace partita::spec
+
+#include "partita/nn/all_gather.hpp"
+
+namespace partita::spec {
+namespace {
+
+TEST(MpiGather, AllGatherAndReduceScatterOn2x2) {
+  if (mpi::world_size() < 4) GTEST_SKIP() << "needs 4 ranks, running at " << mpi::world_size();
+  torch::set_num_threads(1);
+  const int me = mpi::world_rank();
+  const auto px = mpi::Partition::world().create_partition_inclusive({0, 1, 2, 3})
+                      .create_cartesian_topology_partition({2, 2});
+  nn::AllGather gather(px, 1, 0);
+  nn::ReduceScatter scatter(px, 1, 0);
+  const at::Tensor g = gather(px.active() ? arange_input(me, {2, 3}) : at::zeros({0}, at::kDouble));
+  const at::Tensor s = scatter(px.active() ? arange_input(me, {5, 2}) : at::zeros({0}, at::kDouble));
+  bool ok = true;
+  if (px.active()) {
+    ok = at::equal(g, expected_all_gather(me)) && at::equal(s, expected_reduce_scatter(me));
+    EXPECT_TRUE(ok) << "worker " << me << "\n" << g << "\n" << s;
+  } else {
+    ok = g.numel() == 0 && s.numel() == 0;
+  }
+  // Pieces that differ outside the gathered dimension: an error everywhere.
+  expect_shape_error([&] { gather(px.active() ? at::ones({2, 1 + me % 2}) : at::zeros({0})); },
+                     "differ outside dimension 0", px.active());
   EXPECT_TRUE(agreed(ok));
 }
 

@@ -48,3 +48,27 @@ INSTANTIATE_TEST_SUITE_P(Seeds, ReferenceData, ::testing::ValuesIn(data_examples
 
 }  // namespace
 }  // namespace partita::spec
+
+#include "partita/reference/all_gather.hpp"
+#include "partita/reference/reduce_scatter.hpp"
+
+namespace partita::spec {
+namespace {
+
+TEST(ReferenceGather, AllGatherAndReduceScatterOn2x2) {
+  const auto px = reference::Partition::world(4).create_cartesian_topology_partition({2, 2});
+  reference::Tensors xg(4), xs(4);
+  for (int w = 0; w < 4; ++w) {
+    xg[w] = arange_input(w, {2, 3});
+    xs[w] = arange_input(w, {5, 2});
+  }
+  const auto g = reference::all_gather(px, 1, 0, xg);
+  const auto s = reference::reduce_scatter(px, 1, 0, xs);
+  for (int w = 0; w < 4; ++w) {
+    EXPECT_TRUE(at::equal(g[w], expected_all_gather(w))) << "worker " << w << "\n" << g[w];
+    EXPECT_TRUE(at::equal(s[w], expected_reduce_scatter(w))) << "worker " << w << "\n" << s[w];
+  }
+}
+
+}  // namespace
+}  // namespace partita::spec
