@@ -5,6 +5,8 @@
 //   broadcast       P_x = {0} -> P_y = world      vs MPI_Bcast from rank 0
 //   sum_reduce      P_x = world -> P_y = {0}      vs MPI_Reduce to rank 0
 //   all_sum_reduce  P_x = world, all dimensions   vs MPI_Allreduce
+//   all_gather      along the world, tensor dim 0 vs MPI_Allgather
+//   reduce_scatter  along the world, tensor dim 0 vs MPI_Reduce_scatter
 //
 // "_fwd" times the forward call; "_fwdbwd" forward then backward, against
 // the raw pair (bcast+reduce, reduce+bcast, allreduce twice). Only rank 0
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "partita/mpi/runtime.hpp"
+#include "partita/nn/all_gather.hpp"
 #include "partita/nn/all_sum_reduce.hpp"
 #include "partita/nn/broadcast.hpp"
 #include "partita/nn/sum_reduce.hpp"
@@ -91,6 +94,8 @@ struct Layers {
   partita::nn::Broadcast bcast{nullptr};
   partita::nn::SumReduce reduce{nullptr};
   partita::nn::AllSumReduce allreduce{nullptr};
+  partita::nn::AllGather allgather{nullptr};
+  partita::nn::ReduceScatter reducescatter{nullptr};
 };
 
 Layers& layers() {
@@ -103,6 +108,8 @@ Layers& layers() {
     l->bcast = partita::nn::Broadcast(l->root, l->all);
     l->reduce = partita::nn::SumReduce(l->all, l->root);
     l->allreduce = partita::nn::AllSumReduce(l->all, std::vector<int>{0});
+    l->allgather = partita::nn::AllGather(l->all, 0, 0);
+    l->reducescatter = partita::nn::ReduceScatter(l->all, 0, 0);
   }
   return *l;
 }
@@ -182,6 +189,31 @@ void all_sum_reduce_fwdbwd(benchmark::State& s) {
   });
 }
 
+// ---- all-gather / reduce-scatter over the whole world ---------------------------
+// The gathered (or reduced) tensor has the benchmark's size; each rank
+// contributes (or keeps) 1/ranks of it.
+void all_gather_fwd(benchmark::State& s) {
+  auto& L = layers();
+  const int64_t piece = count(s) / world_size();
+  const at::Tensor x = data(piece, false);
+  at::Tensor out = data(piece * world_size(), false);
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(L.allgather(x)); }, [&] {
+    MPI_Allgather(x.data_ptr(), mpi_n(x), MPI_FLOAT, out.data_ptr(), mpi_n(x), MPI_FLOAT,
+                  world_comm());
+  });
+}
+void reduce_scatter_fwd(benchmark::State& s) {
+  auto& L = layers();
+  const int64_t piece = count(s) / world_size();
+  const at::Tensor x = data(piece * world_size(), false);
+  at::Tensor out = data(piece, false);
+  std::vector<int> counts(world_size(), static_cast<int>(piece));
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(L.reducescatter(x)); }, [&] {
+    MPI_Reduce_scatter(x.data_ptr(), out.data_ptr(), counts.data(), MPI_FLOAT, MPI_SUM,
+                       world_comm());
+  });
+}
+
 // 4 KiB to 16 MiB by factors of 4.
 void sizes(benchmark::internal::Benchmark* b) {
   for (int64_t bytes = 4 << 10; bytes <= 16 << 20; bytes *= 4) b->Arg(bytes);
@@ -194,6 +226,8 @@ BENCHMARK(sum_reduce_fwd)->Apply(sizes);
 BENCHMARK(sum_reduce_fwdbwd)->Apply(sizes);
 BENCHMARK(all_sum_reduce_fwd)->Apply(sizes);
 BENCHMARK(all_sum_reduce_fwdbwd)->Apply(sizes);
+BENCHMARK(all_gather_fwd)->Apply(sizes);
+BENCHMARK(reduce_scatter_fwd)->Apply(sizes);
 
 class NullReporter : public benchmark::BenchmarkReporter {
  public:

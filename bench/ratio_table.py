@@ -17,6 +17,8 @@ TWINS = {
     "sum_reduce_fwdbwd": "MPI_Reduce + MPI_Bcast",
     "all_sum_reduce_fwd": "MPI_Allreduce",
     "all_sum_reduce_fwdbwd": "2 x MPI_Allreduce",
+    "all_gather_fwd": "MPI_Allgather",
+    "reduce_scatter_fwd": "MPI_Reduce_scatter",
 }
 
 
