@@ -136,6 +136,10 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
       c.P_y = PartitionSpec{p.px_ranks, p.px_shape};
       c.options.transpose_src = p.transpose_dest;
       c.options.transpose_dest = p.transpose_src;
+    } else if (c.primitive == "repartition") {
+      // Any two partitions: no rules to follow.
+      c.P_x = {p.px_ranks, p.px_shape};
+      c.P_y = PartitionSpec{p.py_ranks, p.py_shape};
     } else if (c.primitive == "all_sum_reduce") {
       c.P_x = {p.py_ranks, p.py_shape};
       for (size_t d = 0; d < p.remain.size(); ++d)
@@ -178,6 +182,26 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
         }
       } else {
         c.local_shape = base;
+      }
+    }
+    if (c.primitive == "repartition") {
+      // A global shape with at least as many dimensions as either partition,
+      // tiled by P_x unevenly: each slab's extent drawn at random (zeros too).
+      const size_t d = std::max(c.P_x.shape.size(), c.P_y->shape.size()) + (chance(1, 4) ? 1 : 0);
+      Shape sx(d - c.P_x.shape.size(), 1);
+      sx.insert(sx.end(), c.P_x.shape.begin(), c.P_x.shape.end());
+      std::vector<std::vector<int64_t>> ext(d);
+      for (size_t k = 0; k < d; ++k)
+        for (int64_t j = 0; j < sx[k]; ++j)
+          ext[k].push_back(chance(1, 8) ? 0 : *rc::gen::inRange<int64_t>(1, 5));
+      c.global_shape.reset();
+      c.local_shape.reset();
+      c.local_shapes.clear();
+      for (size_t r = 0; r < c.P_x.ranks.size(); ++r) {
+        const Index ix = unravel(static_cast<int64_t>(r), sx);
+        Shape s;
+        for (size_t k = 0; k < d; ++k) s.push_back(ext[k][ix[k]]);
+        c.local_shapes[c.P_x.ranks[r]] = s;
       }
     }
     c.ranks = world;

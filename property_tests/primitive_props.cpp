@@ -44,6 +44,7 @@ TEST(PrimitiveProperty, SumReduce) { check_primitive("sum_reduce"); }
 TEST(PrimitiveProperty, AllSumReduce) { check_primitive("all_sum_reduce"); }
 TEST(PrimitiveProperty, AllGather) { check_primitive("all_gather"); }
 TEST(PrimitiveProperty, ReduceScatter) { check_primitive("reduce_scatter"); }
+TEST(PrimitiveProperty, Repartition) { check_primitive("repartition"); }
 
 }  // namespace
 }  // namespace partita::testing

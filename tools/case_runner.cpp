@@ -11,11 +11,13 @@
 #include "partita/nn/all_gather.hpp"
 #include "partita/nn/all_sum_reduce.hpp"
 #include "partita/nn/broadcast.hpp"
+#include "partita/nn/repartition.hpp"
 #include "partita/nn/sum_reduce.hpp"
 #include "partita/reference/all_gather.hpp"
 #include "partita/reference/all_sum_reduce.hpp"
 #include "partita/reference/reduce_scatter.hpp"
 #include "partita/reference/broadcast.hpp"
+#include "partita/reference/repartition.hpp"
 #include "partita/reference/sum_reduce.hpp"
 #include "partita/tensor_rules.hpp"
 
@@ -133,6 +135,7 @@ CaseOutcome run_case(const Case& c) {
     const auto rx = rpart(c.P_x);
     if (c.primitive == "broadcast") yr = reference::broadcast(rx, rpart(*c.P_y), xr, c.options);
     else if (c.primitive == "sum_reduce") yr = reference::sum_reduce(rx, rpart(*c.P_y), xr, c.options);
+    else if (c.primitive == "repartition") yr = reference::repartition(rx, rpart(*c.P_y), xr);
     else if (c.primitive == "all_gather") yr = reference::all_gather(rx, c.axis, c.dim, xr);
     else if (c.primitive == "reduce_scatter") yr = reference::reduce_scatter(rx, c.axis, c.dim, xr);
     else yr = reference::all_sum_reduce(rx, c.axes, xr);
@@ -150,6 +153,9 @@ CaseOutcome run_case(const Case& c) {
       y = layer(out.x);
     } else if (c.primitive == "sum_reduce") {
       nn::SumReduce layer(px, mpart(*c.P_y), c.options);
+      y = layer(out.x);
+    } else if (c.primitive == "repartition") {
+      nn::Repartition layer(px, mpart(*c.P_y));
       y = layer(out.x);
     } else if (c.primitive == "all_gather") {
       nn::AllGather layer(px, c.axis, c.dim);

@@ -26,7 +26,7 @@ json::Value spec_json(const PartitionSpec& s) {
 }
 
 const char* kPrimitives[] = {"broadcast", "sum_reduce", "all_sum_reduce", "all_gather",
-                             "reduce_scatter"};
+                             "reduce_scatter", "repartition", "transpose"};
 
 bool along_one_axis(const std::string& p) { return p == "all_gather" || p == "reduce_scatter"; }
 
@@ -35,10 +35,11 @@ bool along_one_axis(const std::string& p) { return p == "all_gather" || p == "re
 Case Case::from_json(const json::Value& v) {
   Case c;
   c.primitive = v["primitive"].as_string();
+  if (c.primitive == "transpose") c.primitive = "repartition";  // the seeds' name
   if (std::find(std::begin(kPrimitives), std::end(kPrimitives), c.primitive) ==
       std::end(kPrimitives))
     throw Error("case: unknown primitive '" + c.primitive +
-                "' (broadcast, sum_reduce, all_sum_reduce, all_gather, reduce_scatter)");
+                "' (broadcast, sum_reduce, all_sum_reduce, all_gather, reduce_scatter, repartition)");
   c.P_x = spec_from(v["P_x"], "P_x");
   if (c.primitive == "all_sum_reduce") {
     for (auto a : v["axes"].as_int_list()) c.axes.push_back(static_cast<int>(a));

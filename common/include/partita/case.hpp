@@ -23,7 +23,8 @@ struct PartitionSpec {
 };
 
 struct Case {
-  // broadcast | sum_reduce | all_sum_reduce | all_gather | reduce_scatter
+  // broadcast | sum_reduce | all_sum_reduce | all_gather | reduce_scatter |
+  // repartition (alias: transpose)
   std::string primitive;
   PartitionSpec P_x;
   std::optional<PartitionSpec> P_y;  // not for all_sum_reduce

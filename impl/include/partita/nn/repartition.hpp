@@ -1,0 +1,45 @@
+// partita::nn::Repartition (the seeds' Transpose; `Transpose` is an alias).
+//
+// Forward: the global tensor tiled by P_x's inputs moves to the balanced
+// decomposition over P_y. The inputs may tile it unevenly (any extents that
+// tile it along P_x's grid); the global shape is discovered on every call
+// from the inputs (workers outside P_x learn it), so a call with other
+// shapes re-plans. Partitions with fewer dimensions than the tensor are
+// padded with leading ones. A worker only in P_x returns {0}; a worker in
+// neither a clone of its input.
+// Each worker computes its (slice, size, partner) send and receive lists
+// (seed 000), copies what stays local without MPI, and moves the rest in one
+// exchange of non-blocking point-to-point messages.
+// Adjoint: the reverse repartition (the same lists, directions swapped;
+// the pieces do not overlap, so the adjoint's sum is a copy).
+// Construction is collective over the world.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+
+#include "partita/mpi/partition.hpp"
+
+namespace partita::nn {
+
+namespace detail {
+struct RepartitionLayer;
+}
+
+class RepartitionImpl : public torch::nn::Module {
+ public:
+  RepartitionImpl(const mpi::Partition& P_x, const mpi::Partition& P_y);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  std::shared_ptr<const detail::RepartitionLayer> layer_;
+};
+TORCH_MODULE(Repartition);
+
+// The seeds' name.
+using TransposeImpl = RepartitionImpl;
+using Transpose = Repartition;
+
+}  // namespace partita::nn
