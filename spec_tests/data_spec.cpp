@@ -174,3 +174,59 @@ at::Tensor expected_reduce_scatter(int worker) {
 }
 
 }  // namespace partita::spec
+
+namespace partita::spec {
+
+at::Tensor piece(const Shape& global, const Box& b, double scale, double shift) {
+  at::Tensor t = at::arange(volume(global), at::kDouble).reshape(global) * scale + shift;
+  for (size_t k = 0; k < global.size(); ++k)
+    t = t.narrow(static_cast<int64_t>(k), b.start[k], b.len[k]);
+  return t.clone();
+}
+
+std::vector<RepartitionExample> repartition_examples() {
+  std::vector<RepartitionExample> out;
+  // A 16-element all-to-all: G = arange(16) as 4x4, rows on P_x = 4x1
+  // (workers 0-3), columns on P_y = 1x4 (workers 0-3).
+  {
+    RepartitionExample e{"all_to_all_4x1_to_1x4", {4, 4}, {0, 1, 2, 3}, {4, 1}, {}, {0, 1, 2, 3}, {1, 4}, {}, 4};
+    for (int64_t i = 0; i < 4; ++i) e.px_boxes.push_back({{i, 0}, {1, 4}});
+    for (int64_t j = 0; j < 4; ++j) e.py_boxes.push_back({{0, j}, {4, 1}});
+    out.push_back(e);
+  }
+  // Scatter from one worker (a 1-worker partition, padded to 1x1x1) to
+  // 1x2x3 on workers 0-5: G is 2x4x6; worker (0,a,b) gets rows 2a..2a+1 of
+  // dimension 1 and 2b..2b+1 of dimension 2.
+  RepartitionExample scatter{"scatter_1_to_1x2x3", {2, 4, 6}, {0}, {1}, {{{0, 0, 0}, {2, 4, 6}}},
+                             {0, 1, 2, 3, 4, 5}, {1, 2, 3}, {}, 6};
+  for (int64_t a = 0; a < 2; ++a)
+    for (int64_t b = 0; b < 3; ++b) scatter.py_boxes.push_back({{0, 2 * a, 2 * b}, {2, 2, 2}});
+  out.push_back(scatter);
+  // ... and the gather back, to worker 5.
+  RepartitionExample gather{"gather_1x2x3_to_1", {2, 4, 6}, {0, 1, 2, 3, 4, 5}, {1, 2, 3},
+                            scatter.py_boxes, {5}, {1}, {{{0, 0, 0}, {2, 4, 6}}}, 6};
+  out.push_back(gather);
+  // 3x3 -> 4x4 with uneven pieces: G is 10x7; P_x (workers 0-8) is tiled
+  // with the remainder on the first worker of each dimension (rows 4,3,3;
+  // columns 3,2,2); P_y (workers 0-15) is balanced (rows 3,3,2,2; columns
+  // 2,2,2,1).
+  {
+    RepartitionExample e{"uneven_3x3_to_4x4", {10, 7}, {}, {3, 3}, {}, {}, {4, 4}, {}, 16};
+    const int64_t rs[] = {0, 4, 7}, rl[] = {4, 3, 3}, cs[] = {0, 3, 5}, cl[] = {3, 2, 2};
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 3; ++j) {
+        e.px_ranks.push_back(3 * i + j);
+        e.px_boxes.push_back({{rs[i], cs[j]}, {rl[i], cl[j]}});
+      }
+    const int64_t ys[] = {0, 3, 6, 8}, yl[] = {3, 3, 2, 2}, xs[] = {0, 2, 4, 6}, xl[] = {2, 2, 2, 1};
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) {
+        e.py_ranks.push_back(4 * i + j);
+        e.py_boxes.push_back({{ys[i], xs[j]}, {yl[i], xl[j]}});
+      }
+    out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace partita::spec

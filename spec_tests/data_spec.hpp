@@ -59,3 +59,28 @@ at::Tensor expected_all_gather(int worker);
 at::Tensor expected_reduce_scatter(int worker);
 
 }  // namespace partita::spec
+
+namespace partita::spec {
+
+// Repartition examples of issue 4, on the global tensor G = arange(volume)
+// (float64): P_x's inputs are pieces of G as the example tiles it, P_y's
+// outputs the pieces of the balanced decomposition, both written out as
+// boxes (start, length per dimension), not computed by partita's code.
+struct Box {
+  Shape start, len;
+};
+struct RepartitionExample {
+  std::string name;
+  Shape global;
+  Ranks px_ranks;
+  Shape px_shape;
+  std::vector<Box> px_boxes;  // per P_x rank
+  Ranks py_ranks;
+  Shape py_shape;
+  std::vector<Box> py_boxes;  // per P_y rank
+  int world = 0;
+};
+std::vector<RepartitionExample> repartition_examples();
+at::Tensor piece(const Shape& global, const Box& b, double scale = 1, double shift = 0);
+
+}  // namespace partita::spec

@@ -175,3 +175,58 @@ TEST(MpiGather, AllGatherAndReduceScatterOn2x2) {
 
 }  // namespace
 }  // namespace partita::spec
+
+#include "partita/nn/repartition.hpp"
+
+namespace partita::spec {
+namespace {
+
+class MpiRepartition : public ::testing::TestWithParam<RepartitionExample> {};
+
+TEST_P(MpiRepartition, MovesTheGlobalTensor) {
+  const auto& e = GetParam();
+  if (mpi::world_size() < e.world)
+    GTEST_SKIP() << "needs " << e.world << " ranks, running at " << mpi::world_size();
+  torch::set_num_threads(1);
+  const int me = mpi::world_rank();
+  const auto world = mpi::Partition::world();
+  const auto px = world.create_partition_inclusive(e.px_ranks).create_cartesian_topology_partition(e.px_shape);
+  const auto py = world.create_partition_inclusive(e.py_ranks).create_cartesian_topology_partition(e.py_shape);
+  nn::Transpose layer(px, py);  // the seeds' name for the same layer
+  const at::Tensor x =
+      (px.active() ? piece(e.global, e.px_boxes[px.rank()]) : at::zeros({0}, at::kDouble)).requires_grad_();
+  const at::Tensor y = layer(x);
+  bool ok = true;
+  at::Tensor dy = at::zeros(y.sizes(), at::kDouble);
+  if (py.active()) {
+    ok = at::equal(y, piece(e.global, e.py_boxes[py.rank()]));
+    EXPECT_TRUE(ok) << "worker " << me << "\n" << y;
+    dy = piece(e.global, e.py_boxes[py.rank()], 2, 1);
+  } else {
+    ok = y.numel() == 0;
+  }
+  torch::autograd::backward({y}, {dy});
+  if (px.active()) {
+    const bool good = at::equal(x.grad(), piece(e.global, e.px_boxes[px.rank()], 2, 1));
+    EXPECT_TRUE(good) << "gradient of worker " << me;
+    ok = ok && good;
+  }
+  EXPECT_TRUE(agreed(ok)) << e.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Issue4, MpiRepartition, ::testing::ValuesIn(repartition_examples()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(MpiRepartitionErrors, PiecesThatDoNotTile) {
+  if (mpi::world_size() < 4) GTEST_SKIP() << "needs 4 ranks, running at " << mpi::world_size();
+  const int me = mpi::world_rank();
+  const auto world = mpi::Partition::world();
+  const auto px = world.create_partition_inclusive({0, 1, 2, 3}).create_cartesian_topology_partition({2, 2});
+  nn::Repartition layer(px, world.create_partition_inclusive({0}).create_cartesian_topology_partition({1}));
+  // Worker 1 is in worker 0's row slab but claims another height.
+  expect_shape_error([&] { layer(px.active() ? at::ones({me == 1 ? 3 : 2, 2}) : at::zeros({0})); },
+                     "do not tile", px.active());
+}
+
+}  // namespace
+}  // namespace partita::spec

@@ -72,3 +72,41 @@ TEST(ReferenceGather, AllGatherAndReduceScatterOn2x2) {
 
 }  // namespace
 }  // namespace partita::spec
+
+#include "partita/reference/repartition.hpp"
+
+namespace partita::spec {
+namespace {
+
+class ReferenceRepartition : public ::testing::TestWithParam<RepartitionExample> {};
+
+// Forward: P_y's pieces of G. Backward of the cotangent 2G+1 cut by P_y:
+// P_x's pieces of 2G+1 (the reverse repartition).
+TEST_P(ReferenceRepartition, MovesTheGlobalTensor) {
+  const auto& e = GetParam();
+  const auto world = reference::Partition::world(e.world);
+  const auto px = world.create_partition_inclusive(e.px_ranks).create_cartesian_topology_partition(e.px_shape);
+  const auto py = world.create_partition_inclusive(e.py_ranks).create_cartesian_topology_partition(e.py_shape);
+  reference::Tensors x(e.world);
+  for (int w = 0; w < e.world; ++w) x[w] = at::zeros({0}, at::kDouble);
+  for (size_t r = 0; r < e.px_ranks.size(); ++r) x[e.px_ranks[r]] = piece(e.global, e.px_boxes[r]);
+  for (auto& t : x) t.requires_grad_();
+  const auto y = reference::repartition(px, py, x);
+  at::Tensor total = at::zeros({}, at::kDouble);
+  for (size_t r = 0; r < e.py_ranks.size(); ++r) {
+    const int w = e.py_ranks[r];
+    EXPECT_TRUE(at::equal(y[w], piece(e.global, e.py_boxes[r]))) << "worker " << w << "\n" << y[w];
+    total = total + (y[w] * piece(e.global, e.py_boxes[r], 2, 1)).sum();
+  }
+  total.backward();
+  for (size_t r = 0; r < e.px_ranks.size(); ++r) {
+    const int w = e.px_ranks[r];
+    EXPECT_TRUE(at::equal(x[w].grad(), piece(e.global, e.px_boxes[r], 2, 1))) << "gradient of " << w;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Issue4, ReferenceRepartition, ::testing::ValuesIn(repartition_examples()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace partita::spec
