@@ -7,6 +7,7 @@
 //   all_sum_reduce  P_x = world, all dimensions   vs MPI_Allreduce
 //   all_gather      along the world, tensor dim 0 vs MPI_Allgather
 //   reduce_scatter  along the world, tensor dim 0 vs MPI_Reduce_scatter
+//   repartition     row blocks -> column blocks   vs MPI_Alltoall
 //
 // "_fwd" times the forward call; "_fwdbwd" forward then backward, against
 // the raw pair (bcast+reduce, reduce+bcast, allreduce twice). Only rank 0
@@ -18,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "partita/nn/all_gather.hpp"
 #include "partita/nn/all_sum_reduce.hpp"
 #include "partita/nn/broadcast.hpp"
+#include "partita/nn/repartition.hpp"
 #include "partita/nn/sum_reduce.hpp"
 
 namespace {
@@ -214,6 +217,32 @@ void reduce_scatter_fwd(benchmark::State& s) {
   });
 }
 
+// ---- repartition: rows to columns of a square matrix ------------------------
+// P_x = ranks x 1 (row blocks) -> P_y = 1 x ranks (column blocks): every
+// pair of ranks exchanges one block, beside MPI_Alltoall of the same blocks
+// (which needs no packing: a lower bound for the raw twin).
+void repartition_fwd(benchmark::State& s) {
+  const int p = world_size();
+  int64_t side = 1;
+  while ((side + 1) * (side + 1) <= count(s)) ++side;
+  side = side / p * p;
+  static std::map<int, std::unique_ptr<partita::nn::Repartition>> cache;
+  auto& layer = cache[0];
+  if (!layer) {
+    const auto world = partita::mpi::Partition::world();
+    layer = std::make_unique<partita::nn::Repartition>(
+        world.create_cartesian_topology_partition({p, 1}),
+        world.create_cartesian_topology_partition({1, p}));
+  }
+  const at::Tensor x = torch::randn({side / p, side});
+  const int64_t block = (side / p) * (side / p);
+  at::Tensor send = data(block * p, false), recv = data(block * p, false);
+  paired(s, side * side * 4, [&] { benchmark::DoNotOptimize((*layer)(x)); }, [&] {
+    MPI_Alltoall(send.data_ptr(), static_cast<int>(block), MPI_FLOAT, recv.data_ptr(),
+                 static_cast<int>(block), MPI_FLOAT, world_comm());
+  });
+}
+
 // 4 KiB to 16 MiB by factors of 4.
 void sizes(benchmark::internal::Benchmark* b) {
   for (int64_t bytes = 4 << 10; bytes <= 16 << 20; bytes *= 4) b->Arg(bytes);
@@ -228,6 +257,7 @@ BENCHMARK(all_sum_reduce_fwd)->Apply(sizes);
 BENCHMARK(all_sum_reduce_fwdbwd)->Apply(sizes);
 BENCHMARK(all_gather_fwd)->Apply(sizes);
 BENCHMARK(reduce_scatter_fwd)->Apply(sizes);
+BENCHMARK(repartition_fwd)->Apply(sizes);
 
 class NullReporter : public benchmark::BenchmarkReporter {
  public:

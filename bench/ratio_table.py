@@ -19,6 +19,7 @@ TWINS = {
     "all_sum_reduce_fwdbwd": "2 x MPI_Allreduce",
     "all_gather_fwd": "MPI_Allgather",
     "reduce_scatter_fwd": "MPI_Reduce_scatter",
+    "repartition_fwd": "MPI_Alltoall",
 }
 
 

@@ -40,7 +40,7 @@ endfunction()
 
 # Primitives of the specification that have no suite yet: reported as
 # UNIMPLEMENTED by `partita conformance` until their issue lands.
-set(PARTITA_UNIMPLEMENTED repartition halo_exchange)
+set(PARTITA_UNIMPLEMENTED halo_exchange)
 
 # conformance_suites.json beside the partita binary: what `partita
 # conformance` runs. Called once, after every suite is declared.
