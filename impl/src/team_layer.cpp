@@ -24,6 +24,7 @@ TeamLayer::TeamLayer(Kind k, const mpi::Partition& px, const mpi::Partition& py,
   teams = k == Kind::Broadcast ? mpi::broadcast_teams(px, py, o.transpose_src, o.transpose_dest)
                                : mpi::reduction_teams(px, py, o.transpose_src, o.transpose_dest);
   P_union = px.create_partition_union(py);
+  for (const auto& t : teams) contributors.push_back(t.paired);
   for (const auto& t : teams)
     if (P_recv.active() && t.workers() == P_recv.workers())
       y_source = k == Kind::Broadcast ? t.root : t.paired.at(0);
@@ -37,11 +38,7 @@ at::Tensor TeamLayer::forward(const at::Tensor& x) const {
   // of the team's contributors, which must agree (sum-reduce).
   Shape out_shape;
   at::ScalarType out_dtype = x.scalar_type();
-  if (kind == Kind::SumReduce) {
-    std::vector<Ranks> groups;
-    for (const auto& t : teams) groups.push_back(t.paired);
-    check_same_shapes(name, P_union, groups, headers, "reduction team");
-  }
+  if (kind == Kind::SumReduce) check_same_shapes(name, P_union, contributors, headers, "reduction team");
   if (y_source >= 0) {
     const Header& h = header_of(P_union, headers, y_source);
     out_shape = h.shape();

@@ -22,6 +22,7 @@ struct TeamLayer {
   mpi::Partition P_x, P_y, P_union;
   mpi::Partition P_send, P_recv;  // where this rank's input goes, where its output comes from
   std::vector<mpi::Team> teams;
+  std::vector<Ranks> contributors;  // per team, the paired workers (checked per call)
   int y_source = -1;  // a worker whose input has the shape of this rank's output
   Options options;
 
