@@ -81,14 +81,15 @@ const char* wait_policy_name(WaitPolicy policy) {
   return policy == WaitPolicy::Spin ? "spin" : "yield";
 }
 
-void wait_all(std::vector<MPI_Request>& requests, const char* what) {
-  if (requests.empty()) return;
+namespace {
+// The one waiting loop: test, and under the yield policy give the core away
+// between tests; the watchdog checks the clock every 1024 polls.
+void poll(int n, MPI_Request* requests, const char* what) {
   const auto start = std::chrono::steady_clock::now();
   unsigned polls = 0;
   for (;;) {
     int done = 0;
-    PARTITA_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(),
-                                  &done, MPI_STATUSES_IGNORE));
+    PARTITA_MPI_CHECK(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE));
     if (done) return;
     if (g_policy == WaitPolicy::Yield) sched_yield();
     if (g_timeout > 0 && (++polls & 1023u) == 0) {
@@ -98,12 +99,13 @@ void wait_all(std::vector<MPI_Request>& requests, const char* what) {
     }
   }
 }
+}  // namespace
 
-void wait(MPI_Request& request, const char* what) {
-  std::vector<MPI_Request> one{request};
-  wait_all(one, what);
-  request = one[0];
+void wait_all(std::vector<MPI_Request>& requests, const char* what) {
+  if (!requests.empty()) poll(static_cast<int>(requests.size()), requests.data(), what);
 }
+
+void wait(MPI_Request& request, const char* what) { poll(1, &request, what); }
 
 void check(int code, const char* call, const char* file, int line) {
   if (code == MPI_SUCCESS) return;
