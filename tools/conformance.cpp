@@ -113,13 +113,16 @@ int conformance(const std::vector<std::string>& args, const std::string& argv0) 
       row.seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+      bool reported = true;
       try {
         count(json::parse(read_file(tmp)), row);
       } catch (const Error& e) {
-        row.note = "no gtest report (exit " + std::to_string(code) + ")";
+        reported = false;
+        row.note = "no readable gtest report (exit " + std::to_string(code) + ")";
       }
       if (code == 124 || code == 137) row.note = "timed out after " + std::to_string(timeout) + " s";
-      if (code != 0 && row.failed == 0) row.failed = 1;  // crash, timeout, abort
+      // A crash, a timeout, an abort, or a run without a report: nothing to trust.
+      if ((code != 0 || !reported) && row.failed == 0) row.failed = 1;
       row.status = row.failed ? "FAILED" : row.passed ? "PASSED" : "SKIPPED";
       if (row.failed) {
         std::cout << " FAILED; its output:\n" << read_file(tmp + ".log") << "\n";

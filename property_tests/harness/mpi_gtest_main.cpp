@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
   partita::testing::set_program_name(argv[0]);
   const int rank = partita::mpi::world_rank();
   if (rank != 0) {
+    // One report per run: only rank 0 writes --gtest_output (the ranks would
+    // otherwise write the same file at once and corrupt it).
+    ::testing::GTEST_FLAG(output) = "";
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(rank));
