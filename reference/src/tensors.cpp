@@ -37,4 +37,17 @@ void check_inputs(const std::string& what, const Partition& P_x, const Tensors& 
   }
 }
 
+Tensors over_teams(const std::string& what, const Partition& P_x, const std::vector<int>& axes,
+                   const Tensors& x,
+                   const std::function<at::Tensor(const Partition& team, int w)>& member) {
+  check_inputs(what, P_x, x);
+  const Family teams = P_x.create_allreduction_partition(axes);
+  Tensors y(x.size());
+  for (size_t w = 0; w < x.size(); ++w) {
+    const int me = static_cast<int>(w);
+    y[w] = P_x.active(me) ? member(teams.of(me), me) : x[w].clone();
+  }
+  return y;
+}
+
 }  // namespace partita::reference

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,5 +20,14 @@ using Tensors = std::vector<at::Tensor>;
 // P_x pass zero-volume tensors; P_x's tensors share one supported dtype and
 // have at most kMaxTensorDims dimensions.
 void check_inputs(const std::string& what, const Partition& P_x, const Tensors& x);
+
+// The skeleton of the primitives that work within teams of P_x (all-sum-
+// reduce, all-gather, reduce-scatter): after check_inputs, every worker
+// outside P_x ends with a clone of its input and every worker w of P_x with
+// `member(team, w)`, `team` being its team of workers that differ only
+// along `axes`.
+Tensors over_teams(const std::string& what, const Partition& P_x, const std::vector<int>& axes,
+                   const Tensors& x,
+                   const std::function<at::Tensor(const Partition& team, int w)>& member);
 
 }  // namespace partita::reference
