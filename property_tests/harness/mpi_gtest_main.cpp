@@ -31,10 +31,11 @@ int main(int argc, char** argv) {
   partita::testing::set_program_name(argv[0]);
   const int rank = partita::mpi::world_rank();
   if (rank != 0) {
-    // One report per run: only rank 0 writes --gtest_output (the ranks would
-    // otherwise write the same file at once and corrupt it).
-    ::testing::GTEST_FLAG(output) = "";
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    // One report per run: only rank 0 writes --gtest_output (the ranks would
+    // otherwise write the same file at once and corrupt it). The writer is
+    // set up by InitGoogleTest, so it is removed, not just the flag cleared.
+    delete listeners.Release(listeners.default_xml_generator());
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(rank));
   }
