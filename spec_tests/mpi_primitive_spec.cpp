@@ -16,6 +16,11 @@ namespace {
 
 bool agreed(bool local) { return mpi::all_true(local, mpi::world_comm()); }
 
+// The Cartesian partition of the given world ranks and shape.
+mpi::CartesianPartition cartesian(const Ranks& ranks, const Shape& shape) {
+  return mpi::Partition::world().create_partition_inclusive(ranks).create_cartesian_topology_partition(shape);
+}
+
 class MpiData : public ::testing::TestWithParam<DataExample> {};
 
 TEST_P(MpiData, ForwardAndAdjointMatchTheSeed) {
@@ -24,8 +29,7 @@ TEST_P(MpiData, ForwardAndAdjointMatchTheSeed) {
     GTEST_SKIP() << "needs " << e.world << " ranks, running at " << mpi::world_size();
   torch::set_num_threads(1);
   const int me = mpi::world_rank();
-  const auto world = mpi::Partition::world();
-  const auto px = world.create_partition_inclusive(e.px_ranks).create_cartesian_topology_partition(e.px_shape);
+  const auto px = cartesian(e.px_ranks, e.px_shape);
   at::Tensor x = (px.active() ? arange_input(me, e.local_shape) : at::zeros({0}, at::kDouble)).requires_grad_();
   Options o{e.transpose_src, e.transpose_dest, e.preserve_batch};
   at::Tensor y;
@@ -33,7 +37,7 @@ TEST_P(MpiData, ForwardAndAdjointMatchTheSeed) {
     nn::AllSumReduce layer(px, e.axes);
     y = layer(x);
   } else {
-    const auto py = world.create_partition_inclusive(e.py_ranks).create_cartesian_topology_partition(e.py_shape);
+    const auto py = cartesian(e.py_ranks, e.py_shape);
     if (e.primitive == "broadcast") {
       nn::Broadcast layer(px, py, o);
       y = layer(x);
@@ -93,7 +97,7 @@ TEST(MpiErrors, DataOutsidePx) {
   const int n = mpi::world_size();
   if (n < 2) GTEST_SKIP() << "needs 2 ranks, running at 1";
   const auto world = mpi::Partition::world();
-  const auto px = world.create_partition_inclusive({0}).create_cartesian_topology_partition({1});
+  const auto px = cartesian({0}, {1});
   nn::Broadcast layer(px, world.create_cartesian_topology_partition({n}));
   expect_shape_error([&] { layer(at::ones({3})); }, "is not in P_x");
 }
@@ -103,7 +107,7 @@ TEST(MpiErrors, DifferentShapesInOneReduction) {
   if (n < 2) GTEST_SKIP() << "needs 2 ranks, running at 1";
   const auto world = mpi::Partition::world();
   const auto px = world.create_cartesian_topology_partition({n});
-  const auto py = world.create_partition_inclusive({0}).create_cartesian_topology_partition({1});
+  const auto py = cartesian({0}, {1});
   nn::SumReduce layer(px, py);
   expect_shape_error([&] { layer(at::ones({2, 1 + mpi::world_rank()})); }, "different shapes");
   nn::AllSumReduce all(px, std::vector<int>{0});
@@ -124,7 +128,7 @@ TEST(MpiDtypes, BroadcastAndReduceMoveEverySupportedDtype) {
   const int n = mpi::world_size();
   const auto world = mpi::Partition::world();
   const auto all = world.create_cartesian_topology_partition({n});
-  const auto root = world.create_partition_inclusive({0}).create_cartesian_topology_partition({1});
+  const auto root = cartesian({0}, {1});
   nn::Broadcast bcast(root, all);
   nn::SumReduce reduce(all, root);
   bool ok = true;
@@ -154,8 +158,7 @@ TEST(MpiGather, AllGatherAndReduceScatterOn2x2) {
   if (mpi::world_size() < 4) GTEST_SKIP() << "needs 4 ranks, running at " << mpi::world_size();
   torch::set_num_threads(1);
   const int me = mpi::world_rank();
-  const auto px = mpi::Partition::world().create_partition_inclusive({0, 1, 2, 3})
-                      .create_cartesian_topology_partition({2, 2});
+  const auto px = cartesian({0, 1, 2, 3}, {2, 2});
   nn::AllGather gather(px, 1, 0);
   nn::ReduceScatter scatter(px, 1, 0);
   const at::Tensor g = gather(px.active() ? arange_input(me, {2, 3}) : at::zeros({0}, at::kDouble));
@@ -189,9 +192,8 @@ TEST_P(MpiRepartition, MovesTheGlobalTensor) {
     GTEST_SKIP() << "needs " << e.world << " ranks, running at " << mpi::world_size();
   torch::set_num_threads(1);
   const int me = mpi::world_rank();
-  const auto world = mpi::Partition::world();
-  const auto px = world.create_partition_inclusive(e.px_ranks).create_cartesian_topology_partition(e.px_shape);
-  const auto py = world.create_partition_inclusive(e.py_ranks).create_cartesian_topology_partition(e.py_shape);
+  const auto px = cartesian(e.px_ranks, e.px_shape);
+  const auto py = cartesian(e.py_ranks, e.py_shape);
   nn::Transpose layer(px, py);  // the seeds' name for the same layer
   const at::Tensor x =
       (px.active() ? piece(e.global, e.px_boxes[px.rank()]) : at::zeros({0}, at::kDouble)).requires_grad_();
@@ -220,9 +222,8 @@ INSTANTIATE_TEST_SUITE_P(Issue4, MpiRepartition, ::testing::ValuesIn(repartition
 TEST(MpiRepartitionErrors, PiecesThatDoNotTile) {
   if (mpi::world_size() < 4) GTEST_SKIP() << "needs 4 ranks, running at " << mpi::world_size();
   const int me = mpi::world_rank();
-  const auto world = mpi::Partition::world();
-  const auto px = world.create_partition_inclusive({0, 1, 2, 3}).create_cartesian_topology_partition({2, 2});
-  nn::Repartition layer(px, world.create_partition_inclusive({0}).create_cartesian_topology_partition({1}));
+  const auto px = cartesian({0, 1, 2, 3}, {2, 2});
+  nn::Repartition layer(px, cartesian({0}, {1}));
   // Worker 1 is in worker 0's row slab but claims another height.
   expect_shape_error([&] { layer(px.active() ? at::ones({me == 1 ? 3 : 2, 2}) : at::zeros({0})); },
                      "do not tile", px.active());

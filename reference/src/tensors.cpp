@@ -37,6 +37,18 @@ void check_inputs(const std::string& what, const Partition& P_x, const Tensors& 
   }
 }
 
+Tensors over_receivers(const Partition& P_x, const Partition& P_y, const Tensors& x,
+                       bool preserve_batch, const std::function<at::Tensor(int w)>& receiver) {
+  Tensors y(x.size());
+  for (size_t w = 0; w < x.size(); ++w) {
+    const int me = static_cast<int>(w);
+    if (P_y.active(me)) y[w] = receiver(me);
+    else if (P_x.active(me)) y[w] = zero_volume_like(x[w], preserve_batch);
+    else y[w] = x[w].clone();
+  }
+  return y;
+}
+
 Tensors over_teams(const std::string& what, const Partition& P_x, const std::vector<int>& axes,
                    const Tensors& x,
                    const std::function<at::Tensor(const Partition& team, int w)>& member) {

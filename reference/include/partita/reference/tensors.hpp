@@ -30,4 +30,10 @@ Tensors over_teams(const std::string& what, const Partition& P_x, const std::vec
                    const Tensors& x,
                    const std::function<at::Tensor(const Partition& team, int w)>& member);
 
+// The skeleton of broadcast and sum-reduce: every P_y worker w ends with
+// `receiver(w)`, a worker only in P_x with a zero-volume tensor ({batch, 0}
+// with preserve_batch), any other with a clone of its input.
+Tensors over_receivers(const Partition& P_x, const Partition& P_y, const Tensors& x,
+                       bool preserve_batch, const std::function<at::Tensor(int w)>& receiver);
+
 }  // namespace partita::reference
