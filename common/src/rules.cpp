@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "partita/errors.hpp"
+#include "partita/tiling.hpp"
 
 namespace partita {
 
@@ -11,12 +12,6 @@ namespace {
 Shape oriented(Shape s, bool transposed) {
   if (transposed) std::reverse(s.begin(), s.end());
   return s;
-}
-
-Shape padded(const Shape& s, size_t dim) {
-  Shape out(dim - s.size(), 1);
-  out.insert(out.end(), s.begin(), s.end());
-  return out;
 }
 
 // `small` is the side that may hold ones where `big` does not (the source of
@@ -31,7 +26,7 @@ void check_compatible(const std::string& what, const Shape& px, const Shape& py,
   if (small.size() > big.size())
     throw PartitionError(describe() + " break the " + what + " rules: dim(" +
                          small_name + ") must not exceed the other's");
-  const Shape s = padded(small, big.size());
+  const Shape s = padded_shape(small, big.size());
   for (size_t d = 0; d < big.size(); ++d) {
     if (s[d] != 1 && s[d] != big[d])
       throw PartitionError(describe() + " break the " + what +
@@ -49,7 +44,7 @@ EffectiveShapes broadcast_shapes(const Shape& px, const Shape& py,
   const Shape x = oriented(px, transpose_src), y = oriented(py, transpose_dest);
   check_compatible("broadcast", px, py, transpose_src, transpose_dest, x, y,
                    "P_x");
-  return {padded(x, y.size()), y};
+  return {padded_shape(x, y.size()), y};
 }
 
 EffectiveShapes reduction_shapes(const Shape& px, const Shape& py,
@@ -57,7 +52,7 @@ EffectiveShapes reduction_shapes(const Shape& px, const Shape& py,
   const Shape x = oriented(px, transpose_src), y = oriented(py, transpose_dest);
   check_compatible("reduction", px, py, transpose_src, transpose_dest, y, x,
                    "P_y");
-  return {x, padded(y, x.size())};
+  return {x, padded_shape(y, x.size())};
 }
 
 Index effective_index(const Index& index, bool transposed, size_t dim) {
