@@ -8,6 +8,7 @@
 //   all_gather      along the world, tensor dim 0 vs MPI_Allgather
 //   reduce_scatter  along the world, tensor dim 0 vs MPI_Reduce_scatter
 //   repartition     row blocks -> column blocks   vs MPI_Alltoall
+//   halo_exchange   row slabs, one ghost row      vs MPI_Sendrecv up and down
 //
 // "_fwd" times the forward call; "_fwdbwd" forward then backward, against
 // the raw pair (bcast+reduce, reduce+bcast, allreduce twice). Only rank 0
@@ -28,6 +29,7 @@
 #include "partita/nn/all_gather.hpp"
 #include "partita/nn/all_sum_reduce.hpp"
 #include "partita/nn/broadcast.hpp"
+#include "partita/nn/halo_exchange.hpp"
 #include "partita/nn/repartition.hpp"
 #include "partita/nn/sum_reduce.hpp"
 
@@ -243,6 +245,35 @@ void repartition_fwd(benchmark::State& s) {
   });
 }
 
+// ---- halo exchange: a 1-D decomposition of rows, one ghost row each side ----
+// P_x = ranks x 1; each window is 4 rows (2 of bulk) of size/4 floats, so
+// every ghost row, and every message, has the benchmark's size. The raw twin
+// is the hand-written exchange: two MPI_Sendrecv of contiguous rows, in
+// place (MPI_PROC_NULL at the ends). partita returns a new tensor, so it
+// also copies the window.
+void halo_exchange_fwd(benchmark::State& s) {
+  const int p = world_size(), me = world_rank();
+  static std::unique_ptr<partita::nn::HaloExchange> layer;
+  if (!layer)
+    layer = std::make_unique<partita::nn::HaloExchange>(
+        partita::mpi::Partition::world().create_cartesian_topology_partition({p, 1}),
+        partita::Shape{1, 0}, partita::Shape{1, 0});
+  const int64_t cols = count(s);
+  const at::Tensor x = torch::randn({4, cols});
+  at::Tensor w = torch::randn({4, cols});
+  float* row = w.data_ptr<float>();
+  const int n = static_cast<int>(cols);
+  const int up = me > 0 ? me - 1 : MPI_PROC_NULL, down = me + 1 < p ? me + 1 : MPI_PROC_NULL;
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize((*layer)(x)); }, [&] {
+    // first bulk row up, last ghost row from below; last bulk row down,
+    // first ghost row from above.
+    MPI_Sendrecv(row + 1 * cols, n, MPI_FLOAT, up, 0, row + 3 * cols, n, MPI_FLOAT, down, 0,
+                 world_comm(), MPI_STATUS_IGNORE);
+    MPI_Sendrecv(row + 2 * cols, n, MPI_FLOAT, down, 1, row + 0 * cols, n, MPI_FLOAT, up, 1,
+                 world_comm(), MPI_STATUS_IGNORE);
+  });
+}
+
 // 4 KiB to 16 MiB by factors of 4.
 void sizes(benchmark::internal::Benchmark* b) {
   for (int64_t bytes = 4 << 10; bytes <= 16 << 20; bytes *= 4) b->Arg(bytes);
@@ -258,6 +289,7 @@ BENCHMARK(all_sum_reduce_fwdbwd)->Apply(sizes);
 BENCHMARK(all_gather_fwd)->Apply(sizes);
 BENCHMARK(reduce_scatter_fwd)->Apply(sizes);
 BENCHMARK(repartition_fwd)->Apply(sizes);
+BENCHMARK(halo_exchange_fwd)->Apply(sizes);
 
 class NullReporter : public benchmark::BenchmarkReporter {
  public:

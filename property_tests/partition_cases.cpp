@@ -1,5 +1,7 @@
 #include "partition_cases.hpp"
 
+#include "partita/tiling.hpp"
+
 #include <algorithm>
 #include <numeric>
 
@@ -144,6 +146,8 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
       c.P_x = {p.py_ranks, p.py_shape};
       for (size_t d = 0; d < p.remain.size(); ++d)
         if (p.remain[d]) c.axes.push_back(static_cast<int>(d));
+    } else if (c.primitive == "halo_exchange") {
+      c.P_x = {p.py_ranks, p.py_shape};
     } else {  // all_gather, reduce_scatter: one partition and tensor dimension
       c.P_x = {p.py_ranks, p.py_shape};
       c.axis = *rc::gen::inRange<int>(0, static_cast<int>(p.py_shape.size()));
@@ -202,6 +206,36 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
         Shape s;
         for (size_t k = 0; k < d; ++k) s.push_back(ext[k][ix[k]]);
         c.local_shapes[c.P_x.ranks[r]] = s;
+      }
+    }
+    if (c.primitive == "halo_exchange") {
+      // Bulks tiling a tensor unevenly (zero extents too), ghost widths of
+      // 0-2 (wider than a neighbour's bulk now and then: an error), and
+      // sometimes one window off by one (not a tiling: an error).
+      const size_t d = c.P_x.shape.size() + (chance(1, 4) ? 1 : 0);
+      const Shape grid = padded_shape(c.P_x.shape, d);
+      std::vector<std::vector<int64_t>> ext(d);
+      for (size_t k = 0; k < d; ++k)
+        for (int64_t j = 0; j < grid[k]; ++j)
+          ext[k].push_back(chance(1, 10) ? 0 : *rc::gen::inRange<int64_t>(1, 5));
+      c.left.clear();
+      c.right.clear();
+      for (size_t k = 0; k < d; ++k) {
+        c.left.push_back(chance(1, 3) ? 0 : *rc::gen::inRange<int64_t>(1, 3));
+        c.right.push_back(chance(1, 3) ? 0 : *rc::gen::inRange<int64_t>(1, 3));
+      }
+      c.global_shape.reset();
+      c.local_shape.reset();
+      c.local_shapes.clear();
+      for (size_t r = 0; r < c.P_x.ranks.size(); ++r) {
+        const Index ix = unravel(static_cast<int64_t>(r), grid);
+        Shape s;
+        for (size_t k = 0; k < d; ++k) s.push_back(ext[k][ix[k]] + c.left[k] + c.right[k]);
+        c.local_shapes[c.P_x.ranks[r]] = s;
+      }
+      if (chance(1, 12)) {
+        const int r = *rc::gen::elementOf(c.P_x.ranks);
+        ++c.local_shapes[r][*rc::gen::inRange<size_t>(0, d)];
       }
     }
     c.ranks = world;

@@ -45,6 +45,7 @@ TEST(PrimitiveProperty, AllSumReduce) { check_primitive("all_sum_reduce"); }
 TEST(PrimitiveProperty, AllGather) { check_primitive("all_gather"); }
 TEST(PrimitiveProperty, ReduceScatter) { check_primitive("reduce_scatter"); }
 TEST(PrimitiveProperty, Repartition) { check_primitive("repartition"); }
+TEST(PrimitiveProperty, HaloExchange) { check_primitive("halo_exchange"); }
 
 }  // namespace
 }  // namespace partita::testing

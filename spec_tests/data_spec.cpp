@@ -230,3 +230,69 @@ std::vector<RepartitionExample> repartition_examples() {
 }
 
 }  // namespace partita::spec
+
+namespace partita::spec {
+
+namespace {
+at::Tensor grid4(std::initializer_list<double> v) { return at::tensor(v, at::kDouble).reshape({4, 4}); }
+}  // namespace
+
+at::Tensor halo_input(int worker) {
+  at::Tensor w = at::full({4, 4}, -1.0, at::kDouble);
+  const int64_t r0 = worker / 2 * 2, c0 = worker % 2 * 2;
+  w.narrow(0, 1, 2).narrow(1, 1, 2).copy_(
+      at::arange(16, at::kDouble).reshape({4, 4}).narrow(0, r0, 2).narrow(1, c0, 2));
+  return w;
+}
+
+at::Tensor halo_output(int worker) {
+  switch (worker) {
+    case 0:  // global rows -1..2, columns -1..2; (2,2) = 10 from worker 3
+      return grid4({-1, -1, -1, -1,  //
+                    -1, 0, 1, 2,     //
+                    -1, 4, 5, 6,     //
+                    -1, 8, 9, 10});
+    case 1:  // rows -1..2, columns 1..4; (2,1) = 9 from worker 2
+      return grid4({-1, -1, -1, -1,  //
+                    1, 2, 3, -1,     //
+                    5, 6, 7, -1,     //
+                    9, 10, 11, -1});
+    case 2:  // rows 1..4, columns -1..2; (1,2) = 6 from worker 1
+      return grid4({-1, 4, 5, 6,     //
+                    -1, 8, 9, 10,    //
+                    -1, 12, 13, 14,  //
+                    -1, -1, -1, -1});
+    default:  // rows 1..4, columns 1..4; (1,1) = 5 from worker 0
+      return grid4({5, 6, 7, -1,     //
+                    9, 10, 11, -1,   //
+                    13, 14, 15, -1,  //
+                    -1, -1, -1, -1});
+  }
+}
+
+at::Tensor halo_input_grad(int worker) {
+  switch (worker) {
+    case 0:
+      return grid4({1, 1, 1, 1,  //
+                    1, 1, 2, 0,  //
+                    1, 2, 4, 0,  //
+                    1, 0, 0, 0});
+    case 1:
+      return grid4({1, 1, 1, 1,  //
+                    0, 2, 1, 1,  //
+                    0, 4, 2, 1,  //
+                    0, 0, 0, 1});
+    case 2:
+      return grid4({1, 0, 0, 0,  //
+                    1, 2, 4, 0,  //
+                    1, 1, 2, 0,  //
+                    1, 1, 1, 1});
+    default:
+      return grid4({0, 0, 0, 1,  //
+                    0, 4, 2, 1,  //
+                    0, 2, 1, 1,  //
+                    1, 1, 1, 1});
+  }
+}
+
+}  // namespace partita::spec

@@ -84,3 +84,20 @@ std::vector<RepartitionExample> repartition_examples();
 at::Tensor piece(const Shape& global, const Box& b, double scale = 1, double shift = 0);
 
 }  // namespace partita::spec
+
+namespace partita::spec {
+
+// Issue 4's halo exchange: G = arange(16) as 4x4 over P_x = 2x2 (workers
+// 0-3, bulks 2x2), ghost widths 1 on both sides of both dimensions, so each
+// window is 4x4. The input window holds the worker's bulk of G and -1 in
+// every ghost. Written out number by number:
+//  - halo_output: ghosts inside G take G's values (the corner ghost from the
+//    diagonal neighbour), ghosts beyond G's boundary stay -1;
+//  - halo_input_grad: the gradient for a cotangent of ones: each bulk
+//    element counts itself plus every neighbour's window that holds it as a
+//    ghost; ghosts with a neighbour 0; ghosts beyond the boundary 1.
+at::Tensor halo_input(int worker);
+at::Tensor halo_output(int worker);
+at::Tensor halo_input_grad(int worker);
+
+}  // namespace partita::spec

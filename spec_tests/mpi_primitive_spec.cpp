@@ -231,3 +231,55 @@ TEST(MpiRepartitionErrors, PiecesThatDoNotTile) {
 
 }  // namespace
 }  // namespace partita::spec
+
+#include "partita/nn/halo_exchange.hpp"
+
+namespace partita::spec {
+namespace {
+
+TEST(MpiHalo, TwoByTwoWithCornersFromTheDiagonal) {
+  if (mpi::world_size() < 4) GTEST_SKIP() << "needs 4 ranks, running at " << mpi::world_size();
+  torch::set_num_threads(1);
+  const int me = mpi::world_rank();
+  const auto px = cartesian({0, 1, 2, 3}, {2, 2});
+  nn::HaloExchange halo(px, Shape{1, 1}, Shape{1, 1});
+  const at::Tensor x = (px.active() ? halo_input(me) : at::zeros({0}, at::kDouble)).requires_grad_();
+  const at::Tensor y = halo(x);
+  torch::autograd::backward({y}, {at::ones_like(y)});
+  bool ok = true;
+  if (px.active()) {
+    ok = at::equal(y, halo_output(me)) && at::equal(x.grad(), halo_input_grad(me));
+    EXPECT_TRUE(ok) << "worker " << me << "\n" << y << "\n" << x.grad();
+  } else {
+    ok = y.numel() == 0;
+  }
+  EXPECT_TRUE(agreed(ok));
+}
+
+TEST(MpiHaloErrors, GhostWiderThanTheNeighboursBulk) {
+  if (mpi::world_size() < 2) GTEST_SKIP() << "needs 2 ranks, running at 1";
+  const int me = mpi::world_rank();
+  const auto px = cartesian({0, 1}, {2});
+  nn::HaloExchange halo(px, Shape{2}, Shape{2});
+  // Worker 0's bulk is 1 element: too narrow for worker 1's left ghost.
+  expect_shape_error([&] { halo(px.active() ? at::ones({me == 0 ? 5 : 6}) : at::zeros({0})); },
+                     "wider than slab 0's bulk of 1", px.active());
+  // Windows that cannot hold their ghosts.
+  expect_shape_error([&] { halo(px.active() ? at::ones({3}) : at::zeros({0})); },
+                     "too small for ghosts", px.active());
+}
+
+TEST(MpiHaloErrors, WidthsMustAgree) {
+  if (mpi::world_size() < 2) GTEST_SKIP() << "needs 2 ranks, running at 1";
+  const auto px = cartesian({0, 1}, {2});
+  bool raised = false;
+  try {
+    nn::HaloExchange halo(px, Shape{mpi::world_rank() == 1 ? 2 : 1}, Shape{1});
+  } catch (const PartitionError& e) {
+    raised = std::string(e.what()).find("different ghost widths") != std::string::npos;
+  }
+  EXPECT_TRUE(agreed(raised || !px.active()));
+}
+
+}  // namespace
+}  // namespace partita::spec

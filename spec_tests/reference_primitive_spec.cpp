@@ -110,3 +110,33 @@ INSTANTIATE_TEST_SUITE_P(Issue4, ReferenceRepartition, ::testing::ValuesIn(repar
 
 }  // namespace
 }  // namespace partita::spec
+
+#include "partita/errors.hpp"
+#include "partita/reference/halo_exchange.hpp"
+
+namespace partita::spec {
+namespace {
+
+TEST(ReferenceHalo, TwoByTwoWithCornersFromTheDiagonal) {
+  const auto px = reference::Partition::world(4).create_cartesian_topology_partition({2, 2});
+  reference::Tensors x(4);
+  for (int w = 0; w < 4; ++w) x[w] = halo_input(w).requires_grad_();
+  const auto y = reference::halo_exchange(px, {1, 1}, {1, 1}, x);
+  at::Tensor total = at::zeros({}, at::kDouble);
+  for (int w = 0; w < 4; ++w) {
+    EXPECT_TRUE(at::equal(y[w], halo_output(w))) << "worker " << w << "\n" << y[w];
+    total = total + y[w].sum();
+  }
+  total.backward();
+  for (int w = 0; w < 4; ++w)
+    EXPECT_TRUE(at::equal(x[w].grad(), halo_input_grad(w))) << "gradient of " << w << "\n" << x[w].grad();
+}
+
+TEST(ReferenceHalo, GhostWiderThanTheNeighboursBulkIsAnError) {
+  const auto px = reference::Partition::world(2).create_cartesian_topology_partition({2});
+  EXPECT_THROW(reference::halo_exchange(px, {2}, {2}, {at::ones({5}), at::ones({6})}), ShapeError);
+  EXPECT_NO_THROW(reference::halo_exchange(px, {1}, {1}, {at::ones({3}), at::ones({3})}));
+}
+
+}  // namespace
+}  // namespace partita::spec

@@ -11,12 +11,14 @@
 #include "partita/nn/all_gather.hpp"
 #include "partita/nn/all_sum_reduce.hpp"
 #include "partita/nn/broadcast.hpp"
+#include "partita/nn/halo_exchange.hpp"
 #include "partita/nn/repartition.hpp"
 #include "partita/nn/sum_reduce.hpp"
 #include "partita/reference/all_gather.hpp"
 #include "partita/reference/all_sum_reduce.hpp"
 #include "partita/reference/reduce_scatter.hpp"
 #include "partita/reference/broadcast.hpp"
+#include "partita/reference/halo_exchange.hpp"
 #include "partita/reference/repartition.hpp"
 #include "partita/reference/sum_reduce.hpp"
 #include "partita/tensor_rules.hpp"
@@ -138,6 +140,7 @@ CaseOutcome run_case(const Case& c) {
     else if (c.primitive == "repartition") yr = reference::repartition(rx, rpart(*c.P_y), xr);
     else if (c.primitive == "all_gather") yr = reference::all_gather(rx, c.axis, c.dim, xr);
     else if (c.primitive == "reduce_scatter") yr = reference::reduce_scatter(rx, c.axis, c.dim, xr);
+    else if (c.primitive == "halo_exchange") yr = reference::halo_exchange(rx, c.left, c.right, xr);
     else yr = reference::all_sum_reduce(rx, c.axes, xr);
   } catch (const Error& e) {
     out.expected_error = e.what();
@@ -162,6 +165,9 @@ CaseOutcome run_case(const Case& c) {
       y = layer(out.x);
     } else if (c.primitive == "reduce_scatter") {
       nn::ReduceScatter layer(px, c.axis, c.dim);
+      y = layer(out.x);
+    } else if (c.primitive == "halo_exchange") {
+      nn::HaloExchange layer(px, c.left, c.right);
       y = layer(out.x);
     } else {
       nn::AllSumReduce layer(px, c.axes);

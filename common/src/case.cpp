@@ -26,7 +26,7 @@ json::Value spec_json(const PartitionSpec& s) {
 }
 
 const char* kPrimitives[] = {"broadcast", "sum_reduce", "all_sum_reduce", "all_gather",
-                             "reduce_scatter", "repartition", "transpose"};
+                             "reduce_scatter", "repartition", "transpose", "halo_exchange"};
 
 bool along_one_axis(const std::string& p) { return p == "all_gather" || p == "reduce_scatter"; }
 
@@ -39,13 +39,17 @@ Case Case::from_json(const json::Value& v) {
   if (std::find(std::begin(kPrimitives), std::end(kPrimitives), c.primitive) ==
       std::end(kPrimitives))
     throw Error("case: unknown primitive '" + c.primitive +
-                "' (broadcast, sum_reduce, all_sum_reduce, all_gather, reduce_scatter, repartition)");
+                "' (broadcast, sum_reduce, all_sum_reduce, all_gather, reduce_scatter, repartition, "
+                "halo_exchange)");
   c.P_x = spec_from(v["P_x"], "P_x");
   if (c.primitive == "all_sum_reduce") {
     for (auto a : v["axes"].as_int_list()) c.axes.push_back(static_cast<int>(a));
   } else if (along_one_axis(c.primitive)) {
     c.axis = static_cast<int>(v["axis"].as_int());
     c.dim = v["dim"].as_int();
+  } else if (c.primitive == "halo_exchange") {
+    c.left = v["left"].as_int_list();
+    c.right = v["right"].as_int_list();
   } else {
     c.P_y = spec_from(v["P_y"], "P_y");
   }
@@ -99,6 +103,10 @@ json::Value Case::to_json() const {
     v.set("axis", axis);
     v.set("dim", dim);
   }
+  if (primitive == "halo_exchange") {
+    v.set("left", json::Value::array_of(left));
+    v.set("right", json::Value::array_of(right));
+  }
   if (global_shape) v.set("global_shape", json::Value::array_of(*global_shape));
   if (local_shape) v.set("local_shape", json::Value::array_of(*local_shape));
   if (!local_shapes.empty()) {
@@ -132,8 +140,11 @@ Shape Case::input_shape(int worker) const {
   if (!local_shapes.empty()) return local_shapes.at(worker);
   const Index idx = unravel(it - P_x.ranks.begin(), P_x.shape);
   Shape s;
-  for (size_t d = 0; d < idx.size(); ++d)
+  for (size_t d = 0; d < idx.size(); ++d) {
     s.push_back(local_length((*global_shape)[d], P_x.shape[d], idx[d]));
+    if (primitive == "halo_exchange" && d < left.size() && d < right.size())
+      s.back() += left[d] + right[d];
+  }
   return s;
 }
 

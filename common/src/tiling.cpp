@@ -58,6 +58,44 @@ Tiling tile(const std::string& what, const Shape& grid, const std::vector<Shape>
   return t;
 }
 
+Tiling halo_tiling(const std::string& what, const Shape& grid, const std::vector<Shape>& windows,
+                   const Ranks& workers, const Shape& left, const Shape& right) {
+  const size_t d = grid.size();
+  if (left.size() != d || right.size() != d)
+    throw ShapeError(what + ": ghost widths [" + list_string(left) + "] and [" +
+                     list_string(right) + "] for a tensor of " + std::to_string(d) + " dimensions");
+  std::vector<Shape> bulks;
+  for (size_t r = 0; r < windows.size(); ++r) {
+    Shape b = windows[r];
+    for (size_t k = 0; k < b.size() && k < d; ++k) {
+      b[k] -= left[k] + right[k];
+      if (b[k] < 0)
+        throw ShapeError(what + ": worker " + std::to_string(workers[r]) + " passed extent " +
+                         std::to_string(windows[r][k]) + " in dimension " + std::to_string(k) +
+                         ", too small for ghosts of widths " + std::to_string(left[k]) + " and " +
+                         std::to_string(right[k]));
+    }
+    bulks.push_back(b);
+  }
+  Tiling t = tile(what, grid, bulks, workers);
+  for (size_t k = 0; k < d; ++k)
+    for (int64_t j = 0; j < grid[k]; ++j) {
+      // Slab j's left ghost comes from slab j-1, its right ghost from j+1.
+      const int64_t e = t.extent[k][j];
+      if (j > 0 && e < right[k])
+        throw ShapeError(what + ": ghosts of width " + std::to_string(right[k]) +
+                         " in dimension " + std::to_string(k) + " are wider than slab " +
+                         std::to_string(j) + "'s bulk of " + std::to_string(e) +
+                         " that fills its left neighbour's right ghost");
+      if (j + 1 < grid[k] && e < left[k])
+        throw ShapeError(what + ": ghosts of width " + std::to_string(left[k]) +
+                         " in dimension " + std::to_string(k) + " are wider than slab " +
+                         std::to_string(j) + "'s bulk of " + std::to_string(e) +
+                         " that fills its right neighbour's left ghost");
+    }
+  return t;
+}
+
 bool Box::empty() const {
   for (auto l : len)
     if (l <= 0) return true;

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "detail/box_view.hpp"
 #include "detail/layer_checks.hpp"
 #include "detail/team_comm.hpp"
 #include "partita/mpi/runtime.hpp"
@@ -14,12 +15,6 @@ namespace partita::nn {
 namespace detail {
 
 using namespace partita::mpi::detail;
-
-at::Tensor narrow_to(const at::Tensor& t, const Box& b) {
-  at::Tensor v = t;
-  for (size_t k = 0; k < b.start.size(); ++k) v = v.narrow(static_cast<int64_t>(k), b.start[k], b.len[k]);
-  return v;
-}
 
 // The autograd node keeps the layer alive (shared_from_this): backward may
 // run after the module that made the output is gone.

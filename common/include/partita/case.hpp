@@ -24,17 +24,20 @@ struct PartitionSpec {
 
 struct Case {
   // broadcast | sum_reduce | all_sum_reduce | all_gather | reduce_scatter |
-  // repartition (alias: transpose)
+  // repartition (alias: transpose) | halo_exchange
   std::string primitive;
   PartitionSpec P_x;
   std::optional<PartitionSpec> P_y;  // not for all_sum_reduce
   std::vector<int> axes;             // all_sum_reduce only
   int axis = 0;                      // all_gather / reduce_scatter: partition dimension
   int64_t dim = 0;                   // ... and tensor dimension
+  Shape left, right;                 // halo_exchange: ghost widths per tensor dimension
   Options options;
   std::string dtype = "float64";
 
   // Exactly one of these gives the input shape of each P_x worker.
+  // (For halo_exchange the shapes are windows: bulk plus ghosts; a
+  // global_shape is decomposed into bulks and the ghosts added.)
   std::optional<Shape> global_shape;       // balanced decomposition over P_x
   std::optional<Shape> local_shape;        // every P_x worker holds this shape
   std::map<int, Shape> local_shapes;       // per world rank (uneven decompositions)

@@ -33,6 +33,15 @@ struct Tiling {
 Tiling tile(const std::string& what, const Shape& grid, const std::vector<Shape>& pieces,
             const Ranks& workers);
 
+// The halo exchange's bulks: each window (a worker's tensor, ghosts
+// included) minus `left` and `right` ghost widths per dimension, tiled on
+// the grid. Throws ShapeError (prefixed with `what`) unless the widths have
+// one entry per dimension, every window holds its ghosts, the bulks tile a
+// tensor, and every ghost that has a neighbour is no wider than the
+// neighbour's bulk that fills it.
+Tiling halo_tiling(const std::string& what, const Shape& grid, const std::vector<Shape>& windows,
+                   const Ranks& workers, const Shape& left, const Shape& right);
+
 // A box of a tensor: per dimension, start and length.
 struct Box {
   Shape start, len;

@@ -1,0 +1,200 @@
+#include "partita/nn/halo_exchange.hpp"
+
+#include <ATen/core/grad_mode.h>
+
+#include "detail/box_view.hpp"
+#include "detail/layer_checks.hpp"
+#include "detail/team_comm.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/tiling.hpp"
+
+namespace partita::nn {
+
+namespace detail {
+
+using namespace partita::mpi::detail;
+
+// The exchange along one tensor dimension k, as this rank sees it. Boxes
+// are in window coordinates. Along k: the ghosts [0, l) and [l+b, l+b+r),
+// the bulk that fills the lower neighbour's right ghost [l, l+r) and the
+// upper neighbour's left ghost [b, l+b). Along the dimensions exchanged
+// before k: the bulk plus every ghost filled by then (those with a
+// neighbour), which carries the corners; along the later ones: the bulk.
+struct Step {
+  int lo = -1, hi = -1;             // neighbours' ranks in P_x (-1: boundary)
+  int tag_down = 0, tag_up = 0;     // messages travelling to lo / to hi
+  Box ghost_lo, ghost_hi, for_lo, for_hi;
+};
+
+struct Plan {
+  std::vector<Step> steps;  // in forward order
+};
+
+struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
+  std::string name;
+  mpi::Partition P_x;
+  Shape left, right;
+
+  Plan plan(const std::vector<Header>& headers) const {
+    const size_t d = static_cast<size_t>(headers[0].ndim);
+    if (d < P_x.shape().size())
+      throw ShapeError(name + ": a tensor of " + std::to_string(d) +
+                       " dimensions cannot be split over P_x " + P_x.describe());
+    const Shape grid = padded_shape(P_x.shape(), d);
+    std::vector<Shape> windows;
+    for (const auto& h : headers) windows.push_back(h.shape());
+    const Tiling t = halo_tiling(name, grid, windows, P_x.workers(), left, right);
+    const Index me = unravel(P_x.rank(), grid);
+    const Shape bulk = t.length(me);
+    Plan p;
+    for (size_t k = 0; k < d; ++k) {
+      const int64_t l = left[k], r = right[k], b = bulk[k];
+      if (grid[k] == 1 || (l == 0 && r == 0)) continue;
+      Step s;
+      Index lo = me, hi = me;
+      --lo[k];
+      ++hi[k];
+      if (me[k] > 0) s.lo = static_cast<int>(ravel(lo, grid));
+      if (me[k] + 1 < grid[k]) s.hi = static_cast<int>(ravel(hi, grid));
+      s.tag_down = 2 * static_cast<int>(k) + 1;
+      s.tag_up = 2 * static_cast<int>(k);
+      Box base{Shape(d), Shape(d)};
+      for (size_t e = 0; e < d; ++e) {
+        base.start[e] = left[e];
+        base.len[e] = bulk[e];
+        if (e < k) {
+          if (me[e] > 0) {
+            base.start[e] = 0;
+            base.len[e] += left[e];
+          }
+          if (me[e] + 1 < grid[e]) base.len[e] += right[e];
+        }
+      }
+      auto along_k = [&](int64_t start, int64_t len) {
+        Box box = base;
+        box.start[k] = start;
+        box.len[k] = len;
+        return box;
+      };
+      s.ghost_lo = along_k(0, l);
+      s.ghost_hi = along_k(l + b, r);
+      s.for_lo = along_k(l, r);
+      s.for_hi = along_k(b, l);
+      p.steps.push_back(s);
+    }
+    return p;
+  }
+
+  // One step of the forward (fill the ghosts) or of the adjoint (send the
+  // ghosts' gradients back, add them into the bulk, zero the ghosts), on `t`
+  // in place.
+  // Messages address the boxes of `t` (contiguous) in place through
+  // subarray datatypes: nothing is packed; only the adjoint's arrivals land
+  // in a buffer, since they are added rather than stored.
+  void step(const Step& s, at::Tensor& t, bool adjoint, const std::string& what) const {
+    const MPI_Datatype element = mpi_datatype(t.scalar_type());
+    const Shape full = shape_of(t);
+    std::vector<MPI_Request> reqs;
+    std::vector<BoxType> types;
+    std::vector<at::Tensor> landing;
+    std::vector<const Box*> landed, sent;
+    types.reserve(4);
+    auto post_recv = [&](int from, int tag, const Box& box) {
+      reqs.emplace_back();
+      if (adjoint) {
+        landing.push_back(at::empty(box.len, t.options()));
+        landed.push_back(&box);
+        PARTITA_MPI_CHECK(MPI_Irecv(landing.back().data_ptr(), mpi_count(box.size(), what),
+                                    element, from, tag, P_x.comm(), &reqs.back()));
+      } else {
+        types.emplace_back(full, box, element, what);
+        PARTITA_MPI_CHECK(MPI_Irecv(t.data_ptr(), 1, types.back().get(), from, tag, P_x.comm(),
+                                    &reqs.back()));
+      }
+    };
+    auto post_send = [&](int to, int tag, const Box& box) {
+      types.emplace_back(full, box, element, what);
+      sent.push_back(&box);
+      reqs.emplace_back();
+      PARTITA_MPI_CHECK(MPI_Isend(t.data_ptr(), 1, types.back().get(), to, tag, P_x.comm(),
+                                  &reqs.back()));
+    };
+    // Forward: bulk travels out, ghosts land. Adjoint: ghosts travel back
+    // and are added into the bulk they came from. Both partners see the
+    // same box extents (one slab, one boundary status), so an empty box (a
+    // width or an extent of zero) is skipped on both sides.
+    auto nonempty = [](const Box& b) { return b.size() > 0; };
+    if (!adjoint) {
+      if (s.lo >= 0 && nonempty(s.ghost_lo)) post_recv(s.lo, s.tag_up, s.ghost_lo);
+      if (s.hi >= 0 && nonempty(s.ghost_hi)) post_recv(s.hi, s.tag_down, s.ghost_hi);
+      if (s.lo >= 0 && nonempty(s.for_lo)) post_send(s.lo, s.tag_down, s.for_lo);
+      if (s.hi >= 0 && nonempty(s.for_hi)) post_send(s.hi, s.tag_up, s.for_hi);
+    } else {
+      if (s.lo >= 0 && nonempty(s.for_lo)) post_recv(s.lo, s.tag_up, s.for_lo);
+      if (s.hi >= 0 && nonempty(s.for_hi)) post_recv(s.hi, s.tag_down, s.for_hi);
+      if (s.lo >= 0 && nonempty(s.ghost_lo)) post_send(s.lo, s.tag_down, s.ghost_lo);
+      if (s.hi >= 0 && nonempty(s.ghost_hi)) post_send(s.hi, s.tag_up, s.ghost_hi);
+    }
+    mpi::wait_all(reqs, what.c_str());
+    if (!adjoint) return;
+    for (const Box* b : sent) narrow_to(t, *b).zero_();
+    for (size_t i = 0; i < landing.size(); ++i) narrow_to(t, *landed[i]).add_(landing[i]);
+  }
+
+  at::Tensor forward(const at::Tensor& x) const {
+    if (!P_x.active()) return x.clone();
+    const auto headers = exchange_headers(P_x, make_header(x), name.c_str());
+    check_inputs(name, P_x, P_x, headers);
+    const Plan p = plan(headers);
+    at::Tensor y;
+    {
+      at::NoGradGuard no_grad;
+      y = x.detach().clone(at::MemoryFormat::Contiguous);
+      for (const auto& s : p.steps) step(s, y, false, name);
+    }
+    auto self = shared_from_this();
+    const std::string adjoint_name = name + " adjoint";
+    return with_adjoint(y, x, any_requires_grad(headers), name,
+                        [self, p, adjoint_name](const at::Tensor& gy) {
+                          at::Tensor g = gy.clone(at::MemoryFormat::Contiguous);
+                          for (auto s = p.steps.rbegin(); s != p.steps.rend(); ++s)
+                            self->step(*s, g, true, adjoint_name);
+                          return g;
+                        });
+  }
+};
+
+}  // namespace detail
+
+HaloExchangeImpl::HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape right) {
+  auto l = std::make_shared<detail::HaloLayer>();
+  l->name = "HaloExchange(P_x " + P_x.describe() + ", left [" + list_string(left) + "], right [" +
+            list_string(right) + "])";
+  l->P_x = P_x;
+  l->left = std::move(left);
+  l->right = std::move(right);
+  // Every rank of P_x checks everyone's widths: the same verdict everywhere.
+  std::string error;
+  if (l->left.size() != l->right.size())
+    error = ": left and right widths differ in length";
+  for (size_t k = 0; k < l->left.size() && k < l->right.size(); ++k)
+    if (l->left[k] < 0 || l->right[k] < 0) error = ": negative ghost width";
+  Shape mine = l->left;
+  mine.push_back(-1);
+  mine.insert(mine.end(), l->right.begin(), l->right.end());
+  mine.push_back(error.empty() ? 0 : 1);
+  const auto all = P_x.allgather_data(mpi::pack(mine));
+  for (size_t i = 0; i < all.size(); ++i) {
+    const auto theirs = mpi::unpack<int64_t>(all[i]);
+    if (theirs.back() != 0)
+      throw PartitionError(l->name + ": worker " + std::to_string(P_x.workers()[i]) +
+                           " passed left and right widths of different lengths or a negative one");
+    if (theirs != mpi::unpack<int64_t>(all[0]))
+      throw PartitionError(l->name + ": the ranks of P_x passed different ghost widths");
+  }
+  layer_ = l;
+}
+
+torch::Tensor HaloExchangeImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
+
+}  // namespace partita::nn

@@ -1,0 +1,68 @@
+#include "partita/reference/halo_exchange.hpp"
+
+#include "partita/tensor_rules.hpp"
+#include "partita/tiling.hpp"
+
+namespace partita::reference {
+
+Tensors halo_exchange(const Partition& P_x, const Shape& left, const Shape& right,
+                      const Tensors& x) {
+  check_inputs("halo_exchange", P_x, x);
+  const int64_t d = x[P_x.workers()[0]].dim();
+  if (d < static_cast<int64_t>(P_x.shape().size()))
+    throw ShapeError("halo_exchange: a tensor of " + std::to_string(d) +
+                     " dimensions cannot be split over a partition of " +
+                     std::to_string(P_x.shape().size()));
+  for (size_t k = 0; k < left.size() && k < right.size(); ++k)
+    if (left[k] < 0 || right[k] < 0) throw PartitionError("halo_exchange: negative ghost width");
+  const Shape grid = padded_shape(P_x.shape(), d);
+  std::vector<Shape> windows;
+  for (int w : P_x.workers()) windows.push_back(shape_of(x[w]));
+  const Tiling t = halo_tiling("halo_exchange", grid, windows, P_x.workers(), left, right);
+
+  // The global tensor from the bulks, then padded by the widths.
+  at::Tensor global = at::zeros(t.global, x[P_x.workers()[0]].options().requires_grad(false));
+  for (int w : P_x.workers()) {
+    const Index ix = unravel(P_x.rank(w), grid);
+    const Shape start = t.start(ix), len = t.length(ix);
+    at::Tensor box = global, bulk = x[w];
+    for (int64_t k = 0; k < d; ++k) {
+      box = box.narrow(k, start[k], len[k]);
+      bulk = bulk.narrow(k, left[k], len[k]);
+    }
+    box.copy_(bulk);
+  }
+  // Padded by the widths (zeros; at::constant_pad_nd rejects zero extents).
+  Shape padded_extent(t.global);
+  for (int64_t k = 0; k < d; ++k) padded_extent[k] += left[k] + right[k];
+  at::Tensor padded = at::zeros(padded_extent, global.options());
+  at::Tensor interior = padded;
+  for (int64_t k = 0; k < d; ++k) interior = interior.narrow(k, left[k], t.global[k]);
+  interior.copy_(global);
+
+  Tensors y(x.size());
+  for (size_t w = 0; w < x.size(); ++w) {
+    const int me = static_cast<int>(w);
+    if (!P_x.active(me)) {
+      y[w] = x[w].clone();
+      continue;
+    }
+    const Index ix = unravel(P_x.rank(me), grid);
+    const Shape start = t.start(ix);
+    at::Tensor window = padded;
+    // Inside the global tensor: global position start - left + p in [0, n).
+    at::Tensor inside = at::ones({}, at::kBool);
+    for (int64_t k = 0; k < d; ++k) {
+      const int64_t len = x[w].size(k);
+      window = window.narrow(k, start[k], len);
+      const at::Tensor g = at::arange(len, at::kLong) + (start[k] - left[k]);
+      Shape view(d, 1);
+      view[k] = len;
+      inside = inside.logical_and((g >= 0).logical_and(g < t.global[k]).reshape(view));
+    }
+    y[w] = at::where(inside, window, x[w]);
+  }
+  return y;
+}
+
+}  // namespace partita::reference
