@@ -4,10 +4,12 @@
 #include <iomanip>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "partita/errors.hpp"
 #include "partita/json.hpp"
 #include "partita/reference/partition.hpp"
+#include "partita/tiling.hpp"
 
 namespace partita::tools {
 
@@ -17,12 +19,14 @@ const char* kUsage =
     "usage: partita explain broadcast|sum-reduce --px-ranks R --px-shape S\n"
     "                       --py-ranks R --py-shape S [--transpose-src] [--transpose-dest] [--json]\n"
     "       partita explain all-sum-reduce --px-ranks R --px-shape S --axes A [--json]\n"
+    "       partita explain repartition --px-ranks R --px-shape S --py-ranks R --py-shape S\n"
+    "                       --global-shape G [--json]\n"
     "  R: world ranks, e.g. 0-11 or 1,2,3;  S: a shape, e.g. 2,3,2;  A: axes, e.g. 0,2\n";
 
 struct Options {
   std::string primitive;
   Ranks px_ranks, py_ranks;
-  Shape px_shape, py_shape;
+  Shape px_shape, py_shape, global_shape;
   std::vector<int> axes;
   bool has_axes = false, transpose_src = false, transpose_dest = false, json = false;
 };
@@ -41,6 +45,7 @@ Options parse(const std::vector<std::string>& args) {
     else if (a == "--py-ranks") o.py_ranks = parse_ranks(value());
     else if (a == "--px-shape") o.px_shape = parse_shape(value());
     else if (a == "--py-shape") o.py_shape = parse_shape(value());
+    else if (a == "--global-shape") o.global_shape = parse_shape(value());
     else if (a == "--axes") {
       o.has_axes = true;
       const std::string& v = value();
@@ -54,9 +59,12 @@ Options parse(const std::vector<std::string>& args) {
   if (o.px_ranks.empty() || o.px_shape.empty()) throw Error("--px-ranks and --px-shape are required");
   if (o.primitive == "all-sum-reduce") {
     if (!o.has_axes) throw Error("all-sum-reduce needs --axes");
-  } else if (o.primitive == "broadcast" || o.primitive == "sum-reduce") {
+  } else if (o.primitive == "broadcast" || o.primitive == "sum-reduce" ||
+             o.primitive == "repartition") {
     if (o.py_ranks.empty() || o.py_shape.empty())
       throw Error(o.primitive + " needs --py-ranks and --py-shape");
+    if (o.primitive == "repartition" && o.global_shape.empty())
+      throw Error("repartition needs --global-shape");
   } else {
     throw Error("unknown primitive '" + o.primitive + "'");
   }
@@ -206,11 +214,112 @@ void print_json(const Options& o, const Tables& t, std::ostream& out) {
   out << doc.dump() << "\n";
 }
 
+// Repartition: every worker's (slice, size, partner) send and receive
+// lists (seed 000), slices in the worker's own input / output coordinates,
+// computed from the balanced decomposition of the global shape over P_x.
+struct WorkerLists {
+  int worker;
+  RepartitionPlan plan;
+};
+
+std::vector<WorkerLists> repartition_lists(const Options& o) {
+  // Validates the partitions (ranks, shapes) the way every layer does.
+  int world = 0;
+  for (int r : o.px_ranks) world = std::max(world, r + 1);
+  for (int r : o.py_ranks) world = std::max(world, r + 1);
+  cartesian(world, o.px_ranks, o.px_shape);
+  cartesian(world, o.py_ranks, o.py_shape);
+  const size_t d = o.global_shape.size();
+  if (d < o.px_shape.size() || d < o.py_shape.size())
+    throw PartitionError("repartition: a global shape of " + std::to_string(d) +
+                         " dimensions cannot be split over these partitions");
+  const Shape sx = padded_shape(o.px_shape, d);
+  std::vector<Shape> pieces;
+  for (size_t r = 0; r < o.px_ranks.size(); ++r) {
+    const Index ix = unravel(static_cast<int64_t>(r), sx);
+    Shape s;
+    for (size_t k = 0; k < d; ++k) s.push_back(local_length(o.global_shape[k], sx[k], ix[k]));
+    pieces.push_back(s);
+  }
+  const Tiling t = tile("repartition", sx, pieces, o.px_ranks);
+  std::set<int> workers(o.px_ranks.begin(), o.px_ranks.end());
+  workers.insert(o.py_ranks.begin(), o.py_ranks.end());
+  std::vector<WorkerLists> out;
+  for (int w : workers)
+    out.push_back({w, plan_repartition(t, o.px_ranks, padded_shape(o.py_shape, d), o.py_ranks, w)});
+  return out;
+}
+
+void print_repartition_text(const Options& o, const std::vector<WorkerLists>& lists,
+                            std::ostream& out) {
+  out << "repartition: global " << shape_string(o.global_shape) << ", P_x "
+      << shape_string(o.px_shape) << " on workers " << ranks_text(o.px_ranks) << " -> P_y "
+      << shape_string(o.py_shape) << " on workers " << ranks_text(o.py_ranks) << "\n";
+  out << "(slice, size, partner): slices of the worker's own input (send) or output (recv)\n";
+  for (const auto& [w, p] : lists) {
+    out << "\nworker " << w << ": input "
+        << (p.in_shape.empty() ? "zero-volume" : shape_string(p.in_shape)) << ", output "
+        << (p.out_shape.empty() ? "zero-volume" : shape_string(p.out_shape)) << "\n";
+    auto line = [&](const char* kind, const Transfer& t, const char* dir) {
+      std::string partner = std::string(dir) + " " + std::to_string(t.partner);
+      if (t.partner == w) partner += " (local copy)";
+      print_row(out, {std::string("  ") + kind, box_string(t.slice),
+                      "size " + std::to_string(t.slice.size()), partner}, 0);
+    };
+    for (const auto& t : p.sends) line("send", t, "to");
+    for (const auto& t : p.recvs) line("recv", t, "from");
+  }
+}
+
+void print_repartition_json(const Options& o, const std::vector<WorkerLists>& lists,
+                            std::ostream& out) {
+  json::Value doc;
+  doc.set("primitive", o.primitive);
+  doc.set("global_shape", json::Value::array_of(o.global_shape));
+  for (const auto& [key, ranks, shape] :
+       {std::make_tuple("P_x", o.px_ranks, o.px_shape), std::make_tuple("P_y", o.py_ranks, o.py_shape)}) {
+    json::Value p;
+    p.set("ranks", json::Value::array_of(ranks));
+    p.set("shape", json::Value::array_of(shape));
+    doc.set(key, p);
+  }
+  auto entries = [](const std::vector<Transfer>& ts) {
+    json::Value a = json::Value::Array{};
+    for (const auto& t : ts) {
+      json::Value e;
+      e.set("start", json::Value::array_of(t.slice.start));
+      e.set("length", json::Value::array_of(t.slice.len));
+      e.set("size", t.slice.size());
+      e.set("partner", t.partner);
+      a.push_back(e);
+    }
+    return a;
+  };
+  json::Value rows = json::Value::Array{};
+  for (const auto& [w, p] : lists) {
+    json::Value r;
+    r.set("worker", w);
+    r.set("input_shape", p.in_shape.empty() ? json::Value() : json::Value::array_of(p.in_shape));
+    r.set("output_shape", p.out_shape.empty() ? json::Value() : json::Value::array_of(p.out_shape));
+    r.set("sends", entries(p.sends));
+    r.set("recvs", entries(p.recvs));
+    rows.push_back(r);
+  }
+  doc.set("workers", rows);
+  out << doc.dump() << "\n";
+}
+
 }  // namespace
 
 int explain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   try {
     const Options o = parse(args);
+    if (o.primitive == "repartition") {
+      const auto lists = repartition_lists(o);
+      if (o.json) print_repartition_json(o, lists, out);
+      else print_repartition_text(o, lists, out);
+      return 0;
+    }
     const Tables t = build(o);
     if (o.json) print_json(o, t, out);
     else print_text(o, t, out);
