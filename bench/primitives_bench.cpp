@@ -8,6 +8,7 @@
 //   all_gather      along the world, tensor dim 0 vs MPI_Allgather
 //   reduce_scatter  along the world, tensor dim 0 vs MPI_Reduce_scatter
 //   repartition     row blocks -> column blocks   vs MPI_Alltoall
+//                   (point-to-point, and _alltoallw: MPI_Ialltoallw)
 //   halo_exchange   row slabs, one ghost row      vs MPI_Sendrecv up and down
 //
 // "_fwd" times the forward call; "_fwdbwd" forward then backward, against
@@ -223,18 +224,18 @@ void reduce_scatter_fwd(benchmark::State& s) {
 // P_x = ranks x 1 (row blocks) -> P_y = 1 x ranks (column blocks): every
 // pair of ranks exchanges one block, beside MPI_Alltoall of the same blocks
 // (which needs no packing: a lower bound for the raw twin).
-void repartition_fwd(benchmark::State& s) {
+void repartition_with(benchmark::State& s, partita::nn::RepartitionExchange how) {
   const int p = world_size();
   int64_t side = 1;
   while ((side + 1) * (side + 1) <= count(s)) ++side;
   side = side / p * p;
-  static std::map<int, std::unique_ptr<partita::nn::Repartition>> cache;
-  auto& layer = cache[0];
+  static std::map<partita::nn::RepartitionExchange, std::unique_ptr<partita::nn::Repartition>> cache;
+  auto& layer = cache[how];
   if (!layer) {
     const auto world = partita::mpi::Partition::world();
     layer = std::make_unique<partita::nn::Repartition>(
         world.create_cartesian_topology_partition({p, 1}),
-        world.create_cartesian_topology_partition({1, p}));
+        world.create_cartesian_topology_partition({1, p}), how);
   }
   const at::Tensor x = torch::randn({side / p, side});
   const int64_t block = (side / p) * (side / p);
@@ -243,6 +244,13 @@ void repartition_fwd(benchmark::State& s) {
     MPI_Alltoall(send.data_ptr(), static_cast<int>(block), MPI_FLOAT, recv.data_ptr(),
                  static_cast<int>(block), MPI_FLOAT, world_comm());
   });
+}
+
+void repartition_fwd(benchmark::State& s) {
+  repartition_with(s, partita::nn::RepartitionExchange::kPointToPoint);
+}
+void repartition_alltoallw_fwd(benchmark::State& s) {
+  repartition_with(s, partita::nn::RepartitionExchange::kAlltoallw);
 }
 
 // ---- halo exchange: a 1-D decomposition of rows, one ghost row each side ----
@@ -289,6 +297,7 @@ BENCHMARK(all_sum_reduce_fwdbwd)->Apply(sizes);
 BENCHMARK(all_gather_fwd)->Apply(sizes);
 BENCHMARK(reduce_scatter_fwd)->Apply(sizes);
 BENCHMARK(repartition_fwd)->Apply(sizes);
+BENCHMARK(repartition_alltoallw_fwd)->Apply(sizes);
 BENCHMARK(halo_exchange_fwd)->Apply(sizes);
 
 class NullReporter : public benchmark::BenchmarkReporter {

@@ -186,6 +186,7 @@ namespace {
 
 class MpiRepartition : public ::testing::TestWithParam<RepartitionExample> {};
 
+// Both exchanges (point-to-point and alltoallw) move the same pieces.
 TEST_P(MpiRepartition, MovesTheGlobalTensor) {
   const auto& e = GetParam();
   if (mpi::world_size() < e.world)
@@ -194,26 +195,28 @@ TEST_P(MpiRepartition, MovesTheGlobalTensor) {
   const int me = mpi::world_rank();
   const auto px = cartesian(e.px_ranks, e.px_shape);
   const auto py = cartesian(e.py_ranks, e.py_shape);
-  nn::Transpose layer(px, py);  // the seeds' name for the same layer
-  const at::Tensor x =
-      (px.active() ? piece(e.global, e.px_boxes[px.rank()]) : at::zeros({0}, at::kDouble)).requires_grad_();
-  const at::Tensor y = layer(x);
-  bool ok = true;
-  at::Tensor dy = at::zeros(y.sizes(), at::kDouble);
-  if (py.active()) {
-    ok = at::equal(y, piece(e.global, e.py_boxes[py.rank()]));
-    EXPECT_TRUE(ok) << "worker " << me << "\n" << y;
-    dy = piece(e.global, e.py_boxes[py.rank()], 2, 1);
-  } else {
-    ok = y.numel() == 0;
+  for (auto how : {nn::RepartitionExchange::kPointToPoint, nn::RepartitionExchange::kAlltoallw}) {
+    nn::Transpose layer(px, py, how);  // the seeds' name for the same layer
+    const at::Tensor x =
+        (px.active() ? piece(e.global, e.px_boxes[px.rank()]) : at::zeros({0}, at::kDouble)).requires_grad_();
+    const at::Tensor y = layer(x);
+    bool ok = true;
+    at::Tensor dy = at::zeros(y.sizes(), at::kDouble);
+    if (py.active()) {
+      ok = at::equal(y, piece(e.global, e.py_boxes[py.rank()]));
+      EXPECT_TRUE(ok) << "worker " << me << "\n" << y;
+      dy = piece(e.global, e.py_boxes[py.rank()], 2, 1);
+    } else {
+      ok = y.numel() == 0;
+    }
+    torch::autograd::backward({y}, {dy});
+    if (px.active()) {
+      const bool good = at::equal(x.grad(), piece(e.global, e.px_boxes[px.rank()], 2, 1));
+      EXPECT_TRUE(good) << "gradient of worker " << me;
+      ok = ok && good;
+    }
+    EXPECT_TRUE(agreed(ok)) << e.name << (how == nn::RepartitionExchange::kAlltoallw ? " (alltoallw)" : "");
   }
-  torch::autograd::backward({y}, {dy});
-  if (px.active()) {
-    const bool good = at::equal(x.grad(), piece(e.global, e.px_boxes[px.rank()], 2, 1));
-    EXPECT_TRUE(good) << "gradient of worker " << me;
-    ok = ok && good;
-  }
-  EXPECT_TRUE(agreed(ok)) << e.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Issue4, MpiRepartition, ::testing::ValuesIn(repartition_examples()),

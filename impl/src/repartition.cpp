@@ -22,6 +22,7 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
   std::string name;
   mpi::Partition P_x, P_y, P_union;
   std::vector<int> union_rank;  // world rank -> rank in P_union (-1: not in it)
+  RepartitionExchange how = RepartitionExchange::kAlltoallw;
 
   // This rank's (slice, size, partner) lists, from the global shape the
   // inputs' headers tile: the same arithmetic on every rank, so either every
@@ -38,41 +39,60 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
                             mpi::world_rank());
   }
 
-  // Moves `sends` slices of `src` into `recvs` slices of `dst`: what stays
-  // on this rank by copy, the rest as non-blocking messages on the union
-  // communicator. Every (sender, receiver) pair exchanges one box, so one
-  // tag serves.
+  // Moves `sends` slices of `src` into `recvs` slices of `dst` (both
+  // contiguous). Messages address the slices in place through subarray
+  // datatypes: nothing is packed or unpacked by partita. What stays on this
+  // rank is copied while the messages travel (point-to-point) or by MPI
+  // itself (alltoallw).
   void exchange(const std::vector<Transfer>& sends, const std::vector<Transfer>& recvs,
                 const at::Tensor& src, at::Tensor& dst, const std::string& what) const {
     const int me = mpi::world_rank();
+    const MPI_Datatype element = mpi_datatype(src.numel() ? src.scalar_type() : dst.scalar_type());
+    const Shape src_shape = shape_of(src), dst_shape = shape_of(dst);
+    std::vector<BoxType> types;
+    types.reserve(sends.size() + recvs.size());
+    if (how == RepartitionExchange::kAlltoallw) {
+      const int n = P_union.size();
+      std::vector<int> scounts(n, 0), rcounts(n, 0), displs(n, 0);
+      std::vector<MPI_Datatype> stypes(n, element), rtypes(n, element);
+      for (const auto& s : sends) {
+        types.emplace_back(src_shape, s.slice, element, what);
+        scounts[union_rank.at(s.partner)] = 1;
+        stypes[union_rank.at(s.partner)] = types.back().get();
+      }
+      for (const auto& r : recvs) {
+        types.emplace_back(dst_shape, r.slice, element, what);
+        rcounts[union_rank.at(r.partner)] = 1;
+        rtypes[union_rank.at(r.partner)] = types.back().get();
+      }
+      MPI_Request req;
+      PARTITA_MPI_CHECK(MPI_Ialltoallw(src.data_ptr(), scounts.data(), displs.data(), stypes.data(),
+                                       dst.data_ptr(), rcounts.data(), displs.data(),
+                                       rtypes.data(), P_union.comm(), &req));
+      mpi::wait(req, what.c_str());
+      return;
+    }
     std::vector<MPI_Request> reqs;
-    std::vector<at::Tensor> in_flight, landing;
-    std::vector<const Transfer*> landed;
-    const MPI_Datatype type = mpi_datatype(src.defined() && src.numel() ? src.scalar_type()
-                                                                        : dst.scalar_type());
     for (const auto& r : recvs) {
       if (r.partner == me) continue;
-      landing.push_back(at::empty(r.slice.len, dst.options()));
-      landed.push_back(&r);
+      types.emplace_back(dst_shape, r.slice, element, what);
       reqs.emplace_back();
-      PARTITA_MPI_CHECK(MPI_Irecv(landing.back().data_ptr(), mpi_count(r.slice.size(), what), type,
-                                  union_rank.at(r.partner), 0, P_union.comm(), &reqs.back()));
+      PARTITA_MPI_CHECK(MPI_Irecv(dst.data_ptr(), 1, types.back().get(), union_rank.at(r.partner),
+                                  0, P_union.comm(), &reqs.back()));
     }
     for (const auto& s : sends) {
       if (s.partner == me) continue;
-      in_flight.push_back(narrow_to(src, s.slice).contiguous());
+      types.emplace_back(src_shape, s.slice, element, what);
       reqs.emplace_back();
-      PARTITA_MPI_CHECK(MPI_Isend(in_flight.back().data_ptr(), mpi_count(s.slice.size(), what), type,
-                                  union_rank.at(s.partner), 0, P_union.comm(), &reqs.back()));
+      PARTITA_MPI_CHECK(MPI_Isend(src.data_ptr(), 1, types.back().get(), union_rank.at(s.partner),
+                                  0, P_union.comm(), &reqs.back()));
     }
-    // What stays on this rank is copied while the messages travel.
     for (const auto& s : sends) {
       if (s.partner != me) continue;
       for (const auto& r : recvs)
         if (r.partner == me) narrow_to(dst, r.slice).copy_(narrow_to(src, s.slice));
     }
     mpi::wait_all(reqs, what.c_str());
-    for (size_t i = 0; i < landing.size(); ++i) narrow_to(dst, landed[i]->slice).copy_(landing[i]);
   }
 
   at::Tensor forward(const at::Tensor& x) const {
@@ -86,7 +106,7 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
     {
       at::NoGradGuard no_grad;
       y = P_y.active() ? at::empty(p.out_shape, out_options) : at::empty({0}, out_options);
-      exchange(p.sends, p.recvs, x, y, name);
+      exchange(p.sends, p.recvs, x.contiguous(), y, name);
     }
     const auto x_options = x.options().requires_grad(false);
     const Shape x_shape = shape_of(x);
@@ -96,7 +116,7 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
                         [self, p, x_shape, x_options, adjoint_name](const at::Tensor& gy) {
                           // The reverse repartition: the same pieces, directions swapped.
                           at::Tensor gx = at::zeros(x_shape, x_options);
-                          self->exchange(p.recvs, p.sends, gy, gx, adjoint_name);
+                          self->exchange(p.recvs, p.sends, gy.contiguous(), gx, adjoint_name);
                           return gx;
                         });
   }
@@ -104,8 +124,10 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
 
 }  // namespace detail
 
-RepartitionImpl::RepartitionImpl(const mpi::Partition& P_x, const mpi::Partition& P_y) {
+RepartitionImpl::RepartitionImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+                                 RepartitionExchange how) {
   auto l = std::make_shared<detail::RepartitionLayer>();
+  l->how = how;
   l->name = "Repartition(P_x " + P_x.describe() + " -> P_y " + P_y.describe() + ")";
   l->P_x = P_x;
   l->P_y = P_y;
