@@ -13,7 +13,13 @@
 //
 // "_fwd" times the forward call; "_fwdbwd" forward then backward, against
 // the raw pair (bcast+reduce, reduce+bcast, allreduce twice). Only rank 0
-// prints or writes JSON.
+// prints or writes JSON. The context records each benchmark's twin
+// ("twin:<name>"), the MPI library and LibTorch versions; counters record
+// the peak resident memory of the ranks (perf/README in docs/performance.md).
+//
+// PARTITA_BENCH_PLANT_SLOWDOWN=0.3 makes partita's side of every pair 30%
+// slower (a busy wait after each call): the planted regression the
+// regression gate's test must catch. Never set it otherwise.
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
@@ -25,6 +31,12 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <torch/version.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/all_gather.hpp"
@@ -59,6 +71,26 @@ double once(Body&& body) {
   return slowest;
 }
 
+// Peak resident memory of this process since the last reset, in MiB
+// (VmHWM). Resetting writes 5 to /proc/self/clear_refs (Linux >= 4.0); where
+// that is refused the peak is the process's lifetime peak.
+double vm_status_mib(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::atof(line.c_str() + std::strlen(key)) / 1024.0;
+  return 0;
+}
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+double planted_slowdown() {
+  static const double f = [] {
+    const char* v = std::getenv("PARTITA_BENCH_PLANT_SLOWDOWN");
+    return v ? std::atof(v) : 0.0;
+  }();
+  return f;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -70,9 +102,20 @@ double median(std::vector<double> v) {
 // The benchmark's time is partita's; counters: mpi_us and partita_us
 // (medians over the iterations) and ratio = partita_us / mpi_us.
 template <typename Ours, typename Raw>
-void paired(benchmark::State& state, int64_t bytes, Ours&& ours, Raw&& raw) {
+void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw) {
   std::vector<double> t_ours, t_raw;
   bool raw_first = true;
+  auto ours = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    ours_call();
+    if (planted_slowdown() > 0) {
+      const auto until = t0 + (std::chrono::steady_clock::now() - t0) * (1 + planted_slowdown());
+      while (std::chrono::steady_clock::now() < until) {
+      }
+    }
+  };
+  reset_peak_rss();
+  const double rss_before = vm_status_mib("VmRSS:");
   for (auto _ : state) {
     double a, b;
     if (raw_first) {
@@ -93,6 +136,14 @@ void paired(benchmark::State& state, int64_t bytes, Ours&& ours, Raw&& raw) {
   state.counters["mpi_us"] = m_raw;
   state.counters["ratio"] = m_raw > 0 ? m_ours / m_raw : 0;
   state.counters["ranks"] = world_size();
+  // Peak resident memory over the benchmark, the largest and smallest over
+  // the ranks, and the largest growth over the memory held before it.
+  double mine[3] = {vm_status_mib("VmHWM:"), -vm_status_mib("VmHWM:"), 0}, all[3];
+  mine[2] = mine[0] - rss_before;
+  MPI_Allreduce(mine, all, 3, MPI_DOUBLE, MPI_MAX, world_comm());
+  state.counters["peak_rss_mib"] = all[0];
+  state.counters["peak_rss_mib_min_rank"] = -all[1];
+  state.counters["rss_growth_mib"] = all[2];
 }
 
 struct Layers {
@@ -300,6 +351,21 @@ BENCHMARK(repartition_fwd)->Apply(sizes);
 BENCHMARK(repartition_alltoallw_fwd)->Apply(sizes);
 BENCHMARK(halo_exchange_fwd)->Apply(sizes);
 
+// Each benchmark's raw-MPI twin, recorded in the JSON context.
+const std::map<std::string, std::string> kTwins = {
+    {"broadcast_fwd", "MPI_Bcast"},
+    {"broadcast_fwdbwd", "MPI_Bcast + MPI_Reduce"},
+    {"sum_reduce_fwd", "MPI_Reduce"},
+    {"sum_reduce_fwdbwd", "MPI_Reduce + MPI_Bcast"},
+    {"all_sum_reduce_fwd", "MPI_Allreduce"},
+    {"all_sum_reduce_fwdbwd", "2 x MPI_Allreduce"},
+    {"all_gather_fwd", "MPI_Allgather"},
+    {"reduce_scatter_fwd", "MPI_Reduce_scatter"},
+    {"repartition_fwd", "MPI_Alltoall (contiguous blocks)"},
+    {"repartition_alltoallw_fwd", "MPI_Alltoall (contiguous blocks)"},
+    {"halo_exchange_fwd", "2 x MPI_Sendrecv (in place)"},
+};
+
 class NullReporter : public benchmark::BenchmarkReporter {
  public:
   bool ReportContext(const Context&) override { return true; }
@@ -328,12 +394,23 @@ int main(int argc, char** argv) {
                args.end());
   int n = static_cast<int>(args.size());
   benchmark::Initialize(&n, args.data());
+  char library[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(library, &len);
+  std::string first_line(library, static_cast<size_t>(len));
+  first_line = first_line.substr(0, first_line.find('\n'));
+  benchmark::AddCustomContext("mpi_library", first_line);
+  benchmark::AddCustomContext("libtorch", TORCH_VERSION);
+  benchmark::AddCustomContext("ranks", std::to_string(world_size()));
+  for (const auto& [name, twin] : kTwins) benchmark::AddCustomContext("twin:" + name, twin);
+  size_t ran = 0;
   if (world_rank() == 0) {
-    benchmark::RunSpecifiedBenchmarks();
+    ran = benchmark::RunSpecifiedBenchmarks();
   } else {
     NullReporter quiet;
-    benchmark::RunSpecifiedBenchmarks(&quiet);
+    ran = benchmark::RunSpecifiedBenchmarks(&quiet);
   }
   benchmark::Shutdown();
-  return 0;
+  // A filter that matches nothing is a mistake, not a pass.
+  return ran > 0 ? 0 : 1;
 }
