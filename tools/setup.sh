@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian 12, as root) and builds partita in ./build.
-# Used by both README commands; safe to run again.
+# Used by both README commands; safe to run again. `--with-browser` also
+# installs Chromium (the dashboard's browser test; tools/test.sh asks for it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build make libtorch-dev libmpich-dev mpich librapidcheck-dev libgtest-dev
           libbenchmark-dev coreutils)
+if [ "${1:-}" = "--with-browser" ]; then packages+=(chromium); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

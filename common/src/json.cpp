@@ -1,6 +1,7 @@
 #include "partita/json.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <sstream>
 
@@ -45,8 +46,12 @@ void dump_value(const Value& v, std::string& out) {
       if (!std::isfinite(d)) {
         out += "null";
       } else {
+        // The shortest form that reads back as the same double.
         char buf[32];
-        std::snprintf(buf, sizeof buf, "%.17g", d);
+        for (int precision = 15; precision <= 17; ++precision) {
+          std::snprintf(buf, sizeof buf, "%.*g", precision, d);
+          if (std::strtod(buf, nullptr) == d) break;
+        }
         out += buf;
       }
       break;
@@ -206,6 +211,16 @@ class Parser {
         ++p_;
       } else {
         break;
+      }
+    }
+    // Google Benchmark writes non-finite counters bare (nan, -nan, inf):
+    // read them as doubles rather than reject its whole file.
+    for (const char* word : {"nan", "inf"}) {
+      if (t_.compare(p_, 3, word) == 0) {
+        const bool negative = p_ > start && t_[start] == '-';
+        p_ += 3;
+        const double v = word[0] == 'n' ? std::nan("") : HUGE_VAL;
+        return Value(negative ? -v : v);
       }
     }
     const std::string n = t_.substr(start, p_ - start);
