@@ -164,6 +164,14 @@ TEST(Results, RoundTripAndGoogleBenchmarkInput) {
   EXPECT_EQ(b.peak_rss_mib, 172);
   EXPECT_EQ(b.peak_rss_mib_min_rank, 162);
   EXPECT_EQ(machine_of(doc)["mpi_library"].as_string(), "MPICH 4");
+
+  // Google Benchmark writes non-finite aggregates bare.
+  const auto odd = json::parse(R"({"a": NaN, "b": -nan, "c": inf, "d": -Infinity, "e": 1})");
+  EXPECT_TRUE(std::isnan(odd["a"].as_double()));
+  EXPECT_TRUE(std::isnan(odd["b"].as_double()));
+  EXPECT_EQ(odd["c"].as_double(), HUGE_VAL);
+  EXPECT_EQ(odd["d"].as_double(), -HUGE_VAL);
+  EXPECT_EQ(odd["e"].as_int(), 1);
 }
 
 // A DOM as a browser would serialize it, drawn from `runs` by hand.

@@ -213,13 +213,14 @@ class Parser {
         break;
       }
     }
-    // Google Benchmark writes non-finite counters bare (nan, -nan, inf):
-    // read them as doubles rather than reject its whole file.
-    for (const char* word : {"nan", "inf"}) {
-      if (t_.compare(p_, 3, word) == 0) {
+    // Google Benchmark writes non-finite counters bare (nan, -nan, NaN,
+    // inf, Infinity): read them as doubles rather than reject its file.
+    for (const char* word : {"nan", "NaN", "Infinity", "inf"}) {
+      const size_t len = std::char_traits<char>::length(word);
+      if (t_.compare(p_, len, word) == 0) {
         const bool negative = p_ > start && t_[start] == '-';
-        p_ += 3;
-        const double v = word[0] == 'n' ? std::nan("") : HUGE_VAL;
+        p_ += len;
+        const double v = word[0] == 'n' || word[0] == 'N' ? std::nan("") : HUGE_VAL;
         return Value(negative ? -v : v);
       }
     }
