@@ -22,7 +22,7 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
   std::string name;
   mpi::Partition P_x, P_y, P_union;
   std::vector<int> union_rank;  // world rank -> rank in P_union (-1: not in it)
-  RepartitionExchange how = RepartitionExchange::kAlltoallw;
+  RepartitionExchange how = RepartitionExchange::kPointToPoint;
 
   // This rank's (slice, size, partner) lists, from the global shape the
   // inputs' headers tile: the same arithmetic on every rank, so either every
