@@ -6,6 +6,7 @@
 #include <random>
 
 #include "dashboard.hpp"
+#include "partita/errors.hpp"
 #include "gate.hpp"
 #include "results.hpp"
 #include "stats.hpp"
@@ -164,6 +165,16 @@ TEST(Results, RoundTripAndGoogleBenchmarkInput) {
   EXPECT_EQ(b.peak_rss_mib, 172);
   EXPECT_EQ(b.peak_rss_mib_min_rank, 162);
   EXPECT_EQ(machine_of(doc)["mpi_library"].as_string(), "MPICH 4");
+
+  // Passes merge: the samples of both, the summary of all.
+  BenchResult twice = b;
+  twice.absorb(b);
+  EXPECT_EQ(twice.time_us.samples, (std::vector<double>{6, 4, 5, 6, 4, 5}));
+  EXPECT_EQ(twice.time_us.summary.reps, 6u);
+  EXPECT_EQ(twice.time_us.summary.median, 5);
+  BenchResult other = b;
+  other.ranks = 4;
+  EXPECT_THROW(twice.absorb(other), Error);
 
   // Google Benchmark writes non-finite aggregates bare.
   const auto odd = json::parse(R"({"a": NaN, "b": -nan, "c": inf, "d": -Infinity, "e": 1})");

@@ -45,6 +45,20 @@ double counter(const json::Value& b, const char* name) {
 
 }  // namespace
 
+void BenchResult::absorb(const BenchResult& o) {
+  if (o.key() != key()) throw Error("cannot merge " + o.key() + " into " + key());
+  for (auto [mine, theirs] : {std::pair<Metric*, const Metric*>{&time_us, &o.time_us},
+                              {&mpi_time_us, &o.mpi_time_us},
+                              {&ratio, &o.ratio},
+                              {&bytes_per_second, &o.bytes_per_second}}) {
+    mine->samples.insert(mine->samples.end(), theirs->samples.begin(), theirs->samples.end());
+    mine->summary = summarize(mine->samples);
+  }
+  peak_rss_mib = std::max(peak_rss_mib, o.peak_rss_mib);
+  peak_rss_mib_min_rank = std::max(peak_rss_mib_min_rank, o.peak_rss_mib_min_rank);
+  rss_growth_mib = std::max(rss_growth_mib, o.rss_growth_mib);
+}
+
 const BenchResult* Run::find(const std::string& key) const {
   for (const auto& b : benchmarks)
     if (b.key() == key) return &b;

@@ -31,6 +31,8 @@ struct BenchResult {
   double peak_rss_mib = 0, peak_rss_mib_min_rank = 0, rss_growth_mib = 0;
 
   std::string key() const { return name + "@" + std::to_string(ranks); }
+  // Adds another run's repetitions of the same benchmark.
+  void absorb(const BenchResult& other);
 };
 
 struct Run {
