@@ -121,6 +121,26 @@ rc::Gen<PartitionCase> gen_partition_case(int world) {
 
 namespace partita::testing {
 
+// An uneven tiling over `grid` (P_x padded to the tensor's dimensions):
+// every slab's extent drawn at random (zero with chance 1 in `zero_one_in`,
+// else 1-4), each P_x worker's shape that of its slab plus `extra` per
+// dimension (a halo's ghosts).
+static void draw_tiling(Case& c, const Shape& grid, int zero_one_in, const Shape& extra) {
+  std::vector<std::vector<int64_t>> ext(grid.size());
+  for (size_t k = 0; k < grid.size(); ++k)
+    for (int64_t j = 0; j < grid[k]; ++j)
+      ext[k].push_back(chance(1, zero_one_in) ? 0 : *rc::gen::inRange<int64_t>(1, 5));
+  c.global_shape.reset();
+  c.local_shape.reset();
+  c.local_shapes.clear();
+  for (size_t r = 0; r < c.P_x.ranks.size(); ++r) {
+    const Index ix = unravel(static_cast<int64_t>(r), grid);
+    Shape s;
+    for (size_t k = 0; k < grid.size(); ++k) s.push_back(ext[k][ix[k]] + extra[k]);
+    c.local_shapes[c.P_x.ranks[r]] = s;
+  }
+}
+
 rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives) {
   return rc::gen::exec([world, primitives] {
     const PartitionCase p = *gen_partition_case(world);
@@ -192,47 +212,22 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
       // A global shape with at least as many dimensions as either partition,
       // tiled by P_x unevenly: each slab's extent drawn at random (zeros too).
       const size_t d = std::max(c.P_x.shape.size(), c.P_y->shape.size()) + (chance(1, 4) ? 1 : 0);
-      Shape sx(d - c.P_x.shape.size(), 1);
-      sx.insert(sx.end(), c.P_x.shape.begin(), c.P_x.shape.end());
-      std::vector<std::vector<int64_t>> ext(d);
-      for (size_t k = 0; k < d; ++k)
-        for (int64_t j = 0; j < sx[k]; ++j)
-          ext[k].push_back(chance(1, 8) ? 0 : *rc::gen::inRange<int64_t>(1, 5));
-      c.global_shape.reset();
-      c.local_shape.reset();
-      c.local_shapes.clear();
-      for (size_t r = 0; r < c.P_x.ranks.size(); ++r) {
-        const Index ix = unravel(static_cast<int64_t>(r), sx);
-        Shape s;
-        for (size_t k = 0; k < d; ++k) s.push_back(ext[k][ix[k]]);
-        c.local_shapes[c.P_x.ranks[r]] = s;
-      }
+      draw_tiling(c, padded_shape(c.P_x.shape, d), 8, Shape(d, 0));
     }
     if (c.primitive == "halo_exchange") {
       // Bulks tiling a tensor unevenly (zero extents too), ghost widths of
       // 0-2 (wider than a neighbour's bulk now and then: an error), and
       // sometimes one window off by one (not a tiling: an error).
       const size_t d = c.P_x.shape.size() + (chance(1, 4) ? 1 : 0);
-      const Shape grid = padded_shape(c.P_x.shape, d);
-      std::vector<std::vector<int64_t>> ext(d);
-      for (size_t k = 0; k < d; ++k)
-        for (int64_t j = 0; j < grid[k]; ++j)
-          ext[k].push_back(chance(1, 10) ? 0 : *rc::gen::inRange<int64_t>(1, 5));
       c.left.clear();
       c.right.clear();
+      Shape ghosts;
       for (size_t k = 0; k < d; ++k) {
         c.left.push_back(chance(1, 3) ? 0 : *rc::gen::inRange<int64_t>(1, 3));
         c.right.push_back(chance(1, 3) ? 0 : *rc::gen::inRange<int64_t>(1, 3));
+        ghosts.push_back(c.left.back() + c.right.back());
       }
-      c.global_shape.reset();
-      c.local_shape.reset();
-      c.local_shapes.clear();
-      for (size_t r = 0; r < c.P_x.ranks.size(); ++r) {
-        const Index ix = unravel(static_cast<int64_t>(r), grid);
-        Shape s;
-        for (size_t k = 0; k < d; ++k) s.push_back(ext[k][ix[k]] + c.left[k] + c.right[k]);
-        c.local_shapes[c.P_x.ranks[r]] = s;
-      }
+      draw_tiling(c, padded_shape(c.P_x.shape, d), 10, ghosts);
       if (chance(1, 12)) {
         const int r = *rc::gen::elementOf(c.P_x.ranks);
         ++c.local_shapes[r][*rc::gen::inRange<size_t>(0, d)];
