@@ -286,3 +286,58 @@ TEST(MpiHaloErrors, WidthsMustAgree) {
 
 }  // namespace
 }  // namespace partita::spec
+
+namespace partita::spec {
+namespace {
+
+// One layer object, called with other shapes: it re-plans each call (the
+// global shape is discovered from the inputs every time), including the
+// backward of each call.
+TEST(MpiReplan, RepartitionAndHaloCalledWithOtherShapes) {
+  if (mpi::world_size() < 2) GTEST_SKIP() << "needs 2 ranks, running at 1";
+  torch::set_num_threads(1);
+  const int me = mpi::world_rank();
+  const auto rows = cartesian({0, 1}, {2, 1}), cols = cartesian({0, 1}, {1, 2});
+  nn::Repartition layer(rows, cols);
+  bool ok = true;
+  // (global shape, rows held by worker 0): balanced, then uneven, then the first again.
+  const std::vector<std::pair<Shape, int64_t>> calls{{{4, 4}, 2}, {{4, 6}, 3}, {{4, 4}, 2}};
+  for (const auto& [g, top] : calls) {
+    const int64_t h = me == 0 ? top : g[0] - top, w = local_length(g[1], 2, me);
+    const Box mine_in{{me == 0 ? 0 : top, 0}, {h, g[1]}};
+    const Box mine_out{{0, local_start(g[1], 2, me)}, {g[0], w}};
+    const at::Tensor x = rows.active() ? piece(g, mine_in).requires_grad_() : at::zeros({0}, at::kDouble).requires_grad_();
+    const at::Tensor y = layer(x);
+    if (cols.active()) {
+      const bool good = at::equal(y, piece(g, mine_out));
+      EXPECT_TRUE(good) << "global " << shape_string(g) << ", worker " << me << "\n" << y;
+      ok = ok && good;
+      torch::autograd::backward({y}, {piece(g, mine_out, 2, 1)});
+      if (rows.active()) {
+        const bool back = at::equal(x.grad(), piece(g, mine_in, 2, 1));
+        EXPECT_TRUE(back) << "gradient, global " << shape_string(g) << ", worker " << me;
+        ok = ok && back;
+      }
+    }
+  }
+  // The halo exchange re-plans too: widths 1 on 1-D windows of 4, then 6.
+  nn::HaloExchange halo(cartesian({0, 1}, {2}), Shape{1}, Shape{1});
+  for (int64_t n : {4, 6}) {
+    at::Tensor x = at::full({n}, -1.0, at::kDouble);
+    x.narrow(0, 1, n - 2).copy_(at::arange(n - 2, at::kDouble) + 100 * me);
+    const at::Tensor y = halo(me < 2 ? x : at::zeros({0}, at::kDouble));
+    if (me < 2) {
+      // Worker 0's right ghost is worker 1's first bulk element (100),
+      // worker 1's left ghost worker 0's last (n - 3).
+      const double ghost = me == 0 ? 100 : static_cast<double>(n - 3);
+      const int64_t at_ = me == 0 ? n - 1 : 0;
+      const bool good = y[at_].item<double>() == ghost && y[me == 0 ? 0 : n - 1].item<double>() == -1;
+      EXPECT_TRUE(good) << "window of " << n << ", worker " << me << "\n" << y;
+      ok = ok && good;
+    }
+  }
+  EXPECT_TRUE(agreed(ok));
+}
+
+}  // namespace
+}  // namespace partita::spec
