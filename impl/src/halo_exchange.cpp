@@ -2,6 +2,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include "detail/agreement.hpp"
 #include "detail/box_view.hpp"
 #include "detail/layer_checks.hpp"
 #include "detail/team_comm.hpp"
@@ -26,16 +27,13 @@ struct Step {
   Box ghost_lo, ghost_hi, for_lo, for_hi;
 };
 
-struct Plan {
-  std::vector<Step> steps;  // in forward order
-};
-
 struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
   std::string name;
   mpi::Partition P_x;
   Shape left, right;
 
-  Plan plan(const std::vector<Header>& headers) const {
+  // This rank's steps, in forward order.
+  std::vector<Step> plan(const std::vector<Header>& headers) const {
     const size_t d = static_cast<size_t>(headers[0].ndim);
     if (d < P_x.shape().size())
       throw ShapeError(name + ": a tensor of " + std::to_string(d) +
@@ -46,7 +44,7 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     const Tiling t = halo_tiling(name, grid, windows, P_x.workers(), left, right);
     const Index me = unravel(P_x.rank(), grid);
     const Shape bulk = t.length(me);
-    Plan p;
+    std::vector<Step> steps;
     for (size_t k = 0; k < d; ++k) {
       const int64_t l = left[k], r = right[k], b = bulk[k];
       if (grid[k] == 1 || (l == 0 && r == 0)) continue;
@@ -80,17 +78,16 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
       s.ghost_hi = along_k(l + b, r);
       s.for_lo = along_k(l, r);
       s.for_hi = along_k(b, l);
-      p.steps.push_back(s);
+      steps.push_back(s);
     }
-    return p;
+    return steps;
   }
 
   // One step of the forward (fill the ghosts) or of the adjoint (send the
   // ghosts' gradients back, add them into the bulk, zero the ghosts), on `t`
-  // in place.
-  // Messages address the boxes of `t` (contiguous) in place through
-  // subarray datatypes: nothing is packed; only the adjoint's arrivals land
-  // in a buffer, since they are added rather than stored.
+  // (contiguous) in place. Messages address its boxes through subarray
+  // datatypes, so nothing is packed; only the adjoint's arrivals land in a
+  // buffer, since they are added rather than stored.
   void step(const Step& s, at::Tensor& t, bool adjoint, const std::string& what) const {
     const MPI_Datatype element = mpi_datatype(t.scalar_type());
     const Shape full = shape_of(t);
@@ -145,19 +142,19 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     if (!P_x.active()) return x.clone();
     const auto headers = exchange_headers(P_x, make_header(x), name.c_str());
     check_inputs(name, P_x, P_x, headers);
-    const Plan p = plan(headers);
+    const std::vector<Step> steps = plan(headers);
     at::Tensor y;
     {
       at::NoGradGuard no_grad;
       y = x.detach().clone(at::MemoryFormat::Contiguous);
-      for (const auto& s : p.steps) step(s, y, false, name);
+      for (const auto& s : steps) step(s, y, false, name);
     }
     auto self = shared_from_this();
     const std::string adjoint_name = name + " adjoint";
     return with_adjoint(y, x, any_requires_grad(headers), name,
-                        [self, p, adjoint_name](const at::Tensor& gy) {
+                        [self, steps, adjoint_name](const at::Tensor& gy) {
                           at::Tensor g = gy.clone(at::MemoryFormat::Contiguous);
-                          for (auto s = p.steps.rbegin(); s != p.steps.rend(); ++s)
+                          for (auto s = steps.rbegin(); s != steps.rend(); ++s)
                             self->step(*s, g, true, adjoint_name);
                           return g;
                         });
@@ -166,6 +163,9 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
 
 }  // namespace detail
 
+using mpi::detail::checked;
+using mpi::detail::Fingerprint;
+
 HaloExchangeImpl::HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape right) {
   auto l = std::make_shared<detail::HaloLayer>();
   l->name = "HaloExchange(P_x " + P_x.describe() + ", left [" + list_string(left) + "], right [" +
@@ -173,24 +173,17 @@ HaloExchangeImpl::HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape 
   l->P_x = P_x;
   l->left = std::move(left);
   l->right = std::move(right);
-  // Every rank of P_x checks everyone's widths: the same verdict everywhere.
-  std::string error;
-  if (l->left.size() != l->right.size())
-    error = ": left and right widths differ in length";
-  for (size_t k = 0; k < l->left.size() && k < l->right.size(); ++k)
-    if (l->left[k] < 0 || l->right[k] < 0) error = ": negative ghost width";
-  Shape mine = l->left;
-  mine.push_back(-1);
-  mine.insert(mine.end(), l->right.begin(), l->right.end());
-  mine.push_back(error.empty() ? 0 : 1);
-  const auto all = P_x.allgather_data(mpi::pack(mine));
-  for (size_t i = 0; i < all.size(); ++i) {
-    const auto theirs = mpi::unpack<int64_t>(all[i]);
-    if (theirs.back() != 0)
-      throw PartitionError(l->name + ": worker " + std::to_string(P_x.workers()[i]) +
-                           " passed left and right widths of different lengths or a negative one");
-    if (theirs != mpi::unpack<int64_t>(all[0]))
-      throw PartitionError(l->name + ": the ranks of P_x passed different ghost widths");
+  // The widths must be valid and the same on every rank of P_x.
+  if (P_x.active()) {
+    Fingerprint f;
+    f.add(l->left);
+    f.add(l->right);
+    checked(P_x.comm(), l->name.c_str(), f, [&] {
+      if (l->left.size() != l->right.size())
+        throw PartitionError(l->name + ": left and right widths differ in length");
+      for (size_t k = 0; k < l->left.size(); ++k)
+        if (l->left[k] < 0 || l->right[k] < 0) throw PartitionError(l->name + ": negative ghost width");
+    }, "ghost widths");
   }
   layer_ = l;
 }

@@ -9,8 +9,13 @@
 #include "partita/errors.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/rules.hpp"
+#include "detail/agreement.hpp"
 
 namespace partita::mpi {
+
+using detail::Fingerprint;
+using detail::agree;
+using detail::checked;
 
 namespace {
 
@@ -92,72 +97,6 @@ void check_team(const char* what, const Ranks& team, const Shape& shape) {
   if (volume(shape) != static_cast<int64_t>(team.size()))
     throw PartitionError(std::string(what) + ": shape " + shape_string(shape) +
                          " does not fit " + std::to_string(team.size()) + " workers");
-}
-
-// A fingerprint of a call's arguments, to check that every rank of a
-// collective passed the same ones.
-struct Fingerprint {
-  uint64_t h = 1469598103934665603ull;
-  void add(int64_t v) {
-    for (int b = 0; b < 8; ++b) {
-      h ^= static_cast<uint64_t>((v >> (8 * b)) & 0xff);
-      h *= 1099511628211ull;
-    }
-  }
-  void add(const std::vector<int64_t>& v) {
-    add(static_cast<int64_t>(v.size()));
-    for (auto x : v) add(x);
-  }
-  void add(const Ranks& v) { add(std::vector<int64_t>(v.begin(), v.end())); }
-  void add(const std::string& s) {
-    for (char c : s) add(static_cast<int64_t>(c));
-  }
-};
-
-// Throws PartitionError on every rank of `comm` unless all passed the same
-// fingerprint and none failed locally (`local_error` non-empty). The same
-// message reaches every rank: the lowest failing rank's text is broadcast.
-void agree(MPI_Comm comm, const char* what, const Fingerprint& f,
-           const std::string& local_error = "") {
-  // max of {h, -h, failed} gives max(h), -min(h) and whether anyone failed.
-  const int64_t h = static_cast<int64_t>(f.h >> 2);
-  int64_t in[3] = {h, -h, local_error.empty() ? 0 : 1}, out[3];
-  MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Iallreduce(in, out, 3, MPI_INT64_T, MPI_MAX, comm, &req));
-  wait(req, what);
-  if (out[2]) {
-    // Share the first failing rank's message so every rank says the same.
-    int me = 0;
-    MPI_Comm_rank(comm, &me);
-    int first_in = local_error.empty() ? INT_MAX : me, first = 0;
-    PARTITA_MPI_CHECK(MPI_Iallreduce(&first_in, &first, 1, MPI_INT, MPI_MIN, comm, &req));
-    wait(req, what);
-    int64_t len = static_cast<int64_t>(local_error.size());
-    PARTITA_MPI_CHECK(MPI_Ibcast(&len, 1, MPI_INT64_T, first, comm, &req));
-    wait(req, what);
-    std::string text = local_error;
-    text.resize(len);
-    PARTITA_MPI_CHECK(MPI_Ibcast(text.data(), static_cast<int>(len), MPI_CHAR, first,
-                                 comm, &req));
-    wait(req, what);
-    throw PartitionError(text);
-  }
-  if (out[0] != -out[1])
-    throw PartitionError(std::string(what) +
-                         ": the ranks of the collective passed different arguments");
-}
-
-// Runs `body` (which validates arguments and may throw), then agrees on the
-// outcome over `comm` so that either every rank goes on or every rank throws.
-template <typename Body>
-void checked(MPI_Comm comm, const char* what, const Fingerprint& f, Body&& body) {
-  std::string error;
-  try {
-    body();
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  agree(comm, what, f, error);
 }
 
 }  // namespace

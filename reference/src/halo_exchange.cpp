@@ -40,29 +40,23 @@ Tensors halo_exchange(const Partition& P_x, const Shape& left, const Shape& righ
   for (int64_t k = 0; k < d; ++k) interior = interior.narrow(k, left[k], t.global[k]);
   interior.copy_(global);
 
-  Tensors y(x.size());
-  for (size_t w = 0; w < x.size(); ++w) {
-    const int me = static_cast<int>(w);
-    if (!P_x.active(me)) {
-      y[w] = x[w].clone();
-      continue;
-    }
+  // Every P_x worker gets its window; others keep a clone.
+  return over_receivers(P_x, P_x, x, /*preserve_batch=*/false, [&](int me) {
     const Index ix = unravel(P_x.rank(me), grid);
     const Shape start = t.start(ix);
     at::Tensor window = padded;
     // Inside the global tensor: global position start - left + p in [0, n).
     at::Tensor inside = at::ones({}, at::kBool);
     for (int64_t k = 0; k < d; ++k) {
-      const int64_t len = x[w].size(k);
+      const int64_t len = x[me].size(k);
       window = window.narrow(k, start[k], len);
       const at::Tensor g = at::arange(len, at::kLong) + (start[k] - left[k]);
       Shape view(d, 1);
       view[k] = len;
       inside = inside.logical_and((g >= 0).logical_and(g < t.global[k]).reshape(view));
     }
-    y[w] = at::where(inside, window, x[w]);
-  }
-  return y;
+    return at::where(inside, window, x[me]);
+  });
 }
 
 }  // namespace partita::reference

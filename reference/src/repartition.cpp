@@ -29,22 +29,13 @@ Tensors repartition(const Partition& P_x, const Partition& P_y, const Tensors& x
     window.copy_(x[w]);
   }
   // Cut it by the balanced decomposition over P_y.
-  Tensors y(x.size());
-  for (size_t w = 0; w < x.size(); ++w) {
-    const int me = static_cast<int>(w);
-    if (P_y.active(me)) {
-      const Index iy = unravel(P_y.rank(me), sy);
-      at::Tensor piece = global;
-      for (int64_t k = 0; k < d; ++k)
-        piece = piece.narrow(k, local_start(n[k], sy[k], iy[k]), local_length(n[k], sy[k], iy[k]));
-      y[w] = piece.clone();
-    } else if (P_x.active(me)) {
-      y[w] = at::empty({0}, x[w].options().requires_grad(false));
-    } else {
-      y[w] = x[w].clone();
-    }
-  }
-  return y;
+  return over_receivers(P_x, P_y, x, /*preserve_batch=*/false, [&](int me) {
+    const Index iy = unravel(P_y.rank(me), sy);
+    at::Tensor piece = global;
+    for (int64_t k = 0; k < d; ++k)
+      piece = piece.narrow(k, local_start(n[k], sy[k], iy[k]), local_length(n[k], sy[k], iy[k]));
+    return piece.clone();
+  });
 }
 
 }  // namespace partita::reference

@@ -1,0 +1,60 @@
+// Internal: how the ranks of a collective constructor agree on its
+// arguments and on the outcome of validating them, so that either every
+// rank goes on or every rank throws the same PartitionError (never a hang
+// with some ranks in a collective and others gone).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "partita/errors.hpp"
+#include "partita/shape.hpp"
+
+namespace partita::mpi::detail {
+
+// A fingerprint of a call's arguments, to check that every rank of a
+// collective passed the same ones.
+struct Fingerprint {
+  uint64_t h = 1469598103934665603ull;
+  void add(int64_t v) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= static_cast<uint64_t>((v >> (8 * b)) & 0xff);
+      h *= 1099511628211ull;
+    }
+  }
+  void add(const std::vector<int64_t>& v) {
+    add(static_cast<int64_t>(v.size()));
+    for (auto x : v) add(x);
+  }
+  void add(const Ranks& v) { add(std::vector<int64_t>(v.begin(), v.end())); }
+  void add(const std::string& s) {
+    for (char c : s) add(static_cast<int64_t>(c));
+  }
+};
+
+// Throws PartitionError on every rank of `comm` unless all passed the same
+// fingerprint and none failed locally (`local_error` non-empty). The same
+// message reaches every rank: the lowest failing rank's text is broadcast;
+// a mismatch says "<what>: the ranks of the collective passed different
+// <subject>".
+void agree(MPI_Comm comm, const char* what, const Fingerprint& f,
+           const std::string& local_error = "", const char* subject = "arguments");
+
+// Runs `body` (which validates arguments and may throw), then agrees on the
+// outcome over `comm` so that either every rank goes on or every rank throws.
+template <typename Body>
+void checked(MPI_Comm comm, const char* what, const Fingerprint& f, Body&& body,
+             const char* subject = "arguments") {
+  std::string error;
+  try {
+    body();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(comm, what, f, error, subject);
+}
+
+}  // namespace partita::mpi::detail
