@@ -65,20 +65,6 @@ std::string utc_now(const char* format) {
   return buf;
 }
 
-// Runs (files, or every *.json of directories), oldest first.
-std::vector<Run> gather(const std::vector<std::string>& where) {
-  std::vector<Run> runs;
-  for (const auto& w : where) {
-    if (std::filesystem::is_directory(w)) {
-      for (auto& r : read_history(w)) runs.push_back(std::move(r));
-    } else {
-      runs.push_back(read_run(w));
-    }
-  }
-  std::stable_sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.date < b.date; });
-  return runs;
-}
-
 int run(const std::vector<std::string>& args) {
   Ranks ranks{1, 2};
   int repetitions = 5;
@@ -186,7 +172,7 @@ int dashboard_command(const std::vector<std::string>& args) {
     else where.push_back(args[i]);
   }
   if (out.empty() || where.empty()) throw Error("dashboard needs runs and --out PAGE.html");
-  const auto runs = gather(where);
+  const auto runs = read_runs(where);
   std::ofstream f(out);
   f << dashboard_html(runs);
   if (!f) throw Error("cannot write " + out);
@@ -196,7 +182,7 @@ int dashboard_command(const std::vector<std::string>& args) {
 
 int verify_command(const std::vector<std::string>& args) {
   if (args.size() < 2) throw Error("verify-dashboard needs DOM.html and the runs");
-  const auto runs = gather(std::vector<std::string>(args.begin() + 1, args.end()));
+  const auto runs = read_runs(std::vector<std::string>(args.begin() + 1, args.end()));
   const auto problems = verify_dashboard_dom(read_file(args[0]), runs);
   size_t points = 0;
   for (const auto& r : runs) points += r.benchmarks.size();

@@ -201,13 +201,20 @@ void write_run(const Run& run, const std::string& path) {
   if (!out) throw Error("cannot write " + path);
 }
 
-std::vector<Run> read_history(const std::string& dir) {
-  std::vector<Run> runs;
-  if (!std::filesystem::is_directory(dir)) throw Error(dir + " is not a directory");
+std::vector<Run> read_runs(const std::vector<std::string>& files_or_dirs) {
   std::vector<std::string> paths;
-  for (const auto& e : std::filesystem::directory_iterator(dir))
-    if (e.path().extension() == ".json") paths.push_back(e.path().string());
-  std::sort(paths.begin(), paths.end());
+  for (const auto& w : files_or_dirs) {
+    if (!std::filesystem::is_directory(w)) {
+      paths.push_back(w);
+      continue;
+    }
+    std::vector<std::string> in_dir;
+    for (const auto& e : std::filesystem::directory_iterator(w))
+      if (e.path().extension() == ".json") in_dir.push_back(e.path().string());
+    std::sort(in_dir.begin(), in_dir.end());
+    paths.insert(paths.end(), in_dir.begin(), in_dir.end());
+  }
+  std::vector<Run> runs;
   for (const auto& p : paths) runs.push_back(read_run(p));
   std::stable_sort(runs.begin(), runs.end(),
                    [](const Run& a, const Run& b) { return a.date < b.date; });

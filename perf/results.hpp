@@ -55,8 +55,9 @@ Run run_from_json(const json::Value& v);  // throws partita::Error
 Run read_run(const std::string& path);
 void write_run(const Run& run, const std::string& path);
 
-// Every *.json run in a directory, oldest first (by date, then name).
-std::vector<Run> read_history(const std::string& dir);
+// The runs of files and of every *.json in directories, oldest first (by
+// date; files of one directory in name order before that).
+std::vector<Run> read_runs(const std::vector<std::string>& files_or_dirs);
 
 std::string read_file(const std::string& path);  // throws partita::Error
 
