@@ -46,6 +46,32 @@ TEST(SeedSumReduceTable, ReferenceMatchesSeed) {
   expect_table(t, px.create_reduction_partition_to(py));
 }
 
+// Issue 9: DistDL's pairing of transposed partitions, teams by hand.
+class TransposedPairingSpec : public ::testing::TestWithParam<TransposedPairing> {};
+
+Ranks span(int first, int n) {
+  Ranks r;
+  for (int i = 0; i < n; ++i) r.push_back(first + i);
+  return r;
+}
+
+TEST_P(TransposedPairingSpec, ReferenceMatchesHandWrittenTeams) {
+  const auto& t = GetParam();
+  const int world = t.big_first + 12;
+  // The 2x2x1 side is on workers 0-3, the 3x2x2 side from big_first.
+  const Ranks xr = t.broadcast ? span(0, 4) : span(t.big_first, 12);
+  const Ranks yr = t.broadcast ? span(t.big_first, 12) : span(0, 4);
+  const auto px = cartesian(world, xr, t.px), py = cartesian(world, yr, t.py);
+  const auto sr = t.broadcast ? px.create_broadcast_partition_to(py, t.transpose_src, t.transpose_dest)
+                              : px.create_reduction_partition_to(py, t.transpose_src, t.transpose_dest);
+  ASSERT_EQ(sr.parts.size(), t.teams.size());
+  for (size_t l = 0; l < t.teams.size(); ++l)
+    EXPECT_EQ(sr.parts[l].workers(), t.teams[l]) << "team " << l;
+}
+
+INSTANTIATE_TEST_SUITE_P(Issue9, TransposedPairingSpec, ::testing::ValuesIn(kTransposedPairings),
+                         [](const auto& info) { return info.param.name; });
+
 TEST(SeedAllSumReducePartitions, ReferenceMatchesSeed) {
   const auto px = Partition::world(12).create_cartesian_topology_partition(kAllReduceShape);
   const auto fam = px.create_allreduction_partition(kAllReduceAxes);

@@ -58,6 +58,40 @@ inline const std::vector<int> kAllReduceAxes{0, 2};
 inline const std::vector<SeedPartition> kAllReducePartitions{
     {"P_0", {0, 1, 6, 7}}, {"P_1", {2, 3, 8, 9}}, {"P_2", {4, 5, 10, 11}}};
 
+// Issue 9, DistDL's pairing of transposed partitions (docs/partitions.md):
+// 2x2x1 <-> 3x2x2 with either flag. Worker (i, j, 0) of the 2x2x1 side is
+// paired with workers (a, i, j) of the 3x2x2 side, a = 0..2, whichever side
+// carries the flag. Teams written out by hand, root first: the 2x2x1 side on
+// workers 0-3, the 3x2x2 side on `big_first`..`big_first`+11 (4 for 16
+// workers, disjoint; 0 for 12, overlapping).
+struct TransposedPairing {
+  std::string name;
+  bool broadcast;                 // else sum-reduce
+  Shape px, py;
+  bool transpose_src, transpose_dest;
+  int big_first;                  // first worker of the 3x2x2 partition
+  std::vector<Ranks> teams;       // per 2x2x1 worker, root first
+};
+
+inline const std::vector<TransposedPairing> kTransposedPairings{
+    {"broadcast_transpose_src_16", true, {2, 2, 1}, {3, 2, 2}, true, false, 4,
+     {{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}},
+    {"broadcast_transpose_dest_16", true, {2, 2, 1}, {3, 2, 2}, false, true, 4,
+     {{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}},
+    {"sum_reduce_transpose_src_16", false, {3, 2, 2}, {2, 2, 1}, true, false, 4,
+     {{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}},
+    {"sum_reduce_transpose_dest_16", false, {3, 2, 2}, {2, 2, 1}, false, true, 4,
+     {{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}},
+    {"broadcast_transpose_src_12", true, {2, 2, 1}, {3, 2, 2}, true, false, 0,
+     {{0, 4, 8}, {1, 5, 9}, {2, 6, 10}, {3, 7, 11}}},
+    {"broadcast_transpose_dest_12", true, {2, 2, 1}, {3, 2, 2}, false, true, 0,
+     {{0, 4, 8}, {1, 5, 9}, {2, 6, 10}, {3, 7, 11}}},
+    {"sum_reduce_transpose_src_12", false, {3, 2, 2}, {2, 2, 1}, true, false, 0,
+     {{0, 4, 8}, {1, 5, 9}, {2, 6, 10}, {3, 7, 11}}},
+    {"sum_reduce_transpose_dest_12", false, {3, 2, 2}, {2, 2, 1}, false, true, 0,
+     {{0, 4, 8}, {1, 5, 9}, {2, 6, 10}, {3, 7, 11}}},
+};
+
 // Seed 001, Reduction Rules, examples 1-8. Where the seed says an example
 // reduces only with a transpose, both settings are listed.
 struct ReductionExample {

@@ -55,11 +55,22 @@ EffectiveShapes reduction_shapes(const Shape& px, const Shape& py,
   return {x, padded_shape(y, x.size())};
 }
 
-Index effective_index(const Index& index, bool transposed, size_t dim) {
+int64_t pairing_key(const Index& index, bool transposed, const Shape& own, const Shape& other) {
   const Index i = oriented(index, transposed);
-  Index out(dim - i.size(), 0);  // padded dimensions have extent 1: index 0
-  out.insert(out.end(), i.begin(), i.end());
-  return out;
+  Index effective(own.size() - i.size(), 0);  // padded dimensions: index 0
+  effective.insert(effective.end(), i.begin(), i.end());
+  Index coords;
+  Shape extents;
+  for (size_t d = 0; d < own.size(); ++d)
+    if (own[d] == other[d]) {
+      coords.push_back(effective[d]);
+      extents.push_back(own[d]);
+    }
+  if (transposed) {  // Fortran order: the last matched dimension varies slowest
+    std::reverse(coords.begin(), coords.end());
+    std::reverse(extents.begin(), extents.end());
+  }
+  return ravel(coords, extents);
 }
 
 }  // namespace partita

@@ -277,25 +277,22 @@ Partition Partition::create_allreduction_partition(const std::vector<int>& axes)
 
 namespace {
 
-// Maps an effective index (padded to the other side's dimension, maybe
-// reversed) back to the rank the worker has in its own partition.
-int64_t own_rank(const Index& effective, const Shape& own_shape, bool transposed) {
-  Index idx(effective.end() - static_cast<long>(own_shape.size()), effective.end());
-  if (transposed) std::reverse(idx.begin(), idx.end());
-  return ravel(idx, own_shape);
-}
-
 // Builds the teams of a broadcast (roots = P_x) or reduction (roots = P_y):
-// every worker of `others` finds its root by arithmetic on its index.
-std::vector<Team> root_teams(const Partition& roots, bool roots_t, const Partition& others,
-                             bool others_t, const Shape& narrow) {
+// workers pair by DistDL's key (pairing_key in partita/rules.hpp). Every
+// root has a distinct key, since each of its effective dimensions is matched
+// or of extent 1.
+std::vector<Team> root_teams(const Partition& roots, bool roots_t, const Shape& roots_eff,
+                             const Partition& others, bool others_t, const Shape& others_eff) {
   std::vector<Team> teams(roots.size());
-  for (int r = 0; r < roots.size(); ++r) teams[r].root = roots.workers()[r];
+  std::vector<int> team_of_key(roots.size(), -1);
+  for (int r = 0; r < roots.size(); ++r) {
+    teams[r].root = roots.workers()[r];
+    const int64_t key = pairing_key(unravel(r, roots.shape()), roots_t, roots_eff, others_eff);
+    team_of_key.at(key) = r;
+  }
   for (int o = 0; o < others.size(); ++o) {
-    Index e = effective_index(unravel(o, others.shape()), others_t, narrow.size());
-    for (size_t d = 0; d < narrow.size(); ++d)
-      if (narrow[d] == 1) e[d] = 0;
-    teams[own_rank(e, roots.shape(), roots_t)].paired.push_back(others.workers()[o]);
+    const int64_t key = pairing_key(unravel(o, others.shape()), others_t, others_eff, roots_eff);
+    teams[team_of_key.at(key)].paired.push_back(others.workers()[o]);
   }
   for (const auto& t : teams)
     check_team("broadcast/reduction team", t.workers(), {static_cast<int64_t>(t.workers().size())});
@@ -365,14 +362,14 @@ std::vector<Team> broadcast_teams(const Partition& P_x, const Partition& P_y,
                                   bool transpose_src, bool transpose_dest) {
   if (P_x.is_null() || P_y.is_null()) throw PartitionError("broadcast: null partition");
   const auto eff = broadcast_shapes(P_x.shape(), P_y.shape(), transpose_src, transpose_dest);
-  return root_teams(P_x, transpose_src, P_y, transpose_dest, eff.src);
+  return root_teams(P_x, transpose_src, eff.src, P_y, transpose_dest, eff.dst);
 }
 
 std::vector<Team> reduction_teams(const Partition& P_x, const Partition& P_y,
                                   bool transpose_src, bool transpose_dest) {
   if (P_x.is_null() || P_y.is_null()) throw PartitionError("sum-reduce: null partition");
   const auto eff = reduction_shapes(P_x.shape(), P_y.shape(), transpose_src, transpose_dest);
-  return root_teams(P_y, transpose_dest, P_x, transpose_src, eff.dst);
+  return root_teams(P_y, transpose_dest, eff.dst, P_x, transpose_src, eff.src);
 }
 
 // Both pair constructions: the teams are computed and validated on every rank

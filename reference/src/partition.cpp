@@ -4,7 +4,6 @@
 #include <set>
 
 #include "partita/errors.hpp"
-#include "partita/rules.hpp"
 
 namespace partita::reference {
 
@@ -181,34 +180,75 @@ Family Partition::create_allreduction_partition(const std::vector<int>& axes) co
 
 namespace {
 
-// True when a worker with effective index `a` in the partition whose
-// effective shape is `narrow` is paired with a worker with effective index
-// `b` in the other partition: they agree wherever `narrow` is not 1.
-bool paired(const Index& a, const Index& b, const Shape& narrow) {
-  for (size_t d = 0; d < narrow.size(); ++d)
-    if (narrow[d] != 1 && a[d] != b[d]) return false;
-  return true;
+// Seed 001's rules, restated here on purpose (the MPI side has its own
+// statement in common/): a partition's shape as the other side sees it is
+// reversed when transposed, and the partition of fewer dimensions is padded
+// on the left with ones.
+Shape seen_as(Shape s, bool transposed, size_t dims) {
+  if (transposed) std::reverse(s.begin(), s.end());
+  while (s.size() < dims) s.insert(s.begin(), 1);
+  return s;
+}
+
+std::string pair_string(const Shape& px, bool ts, const Shape& py, bool td) {
+  return "P_x " + shape_string(px) + (ts ? " (transposed)" : "") + " and P_y " +
+         shape_string(py) + (td ? " (transposed)" : "");
+}
+
+// `narrow` may hold a 1 where `wide` does not, nowhere else, and has no more
+// dimensions. Returns the two seen shapes, narrow first.
+std::pair<Shape, Shape> check_rules(const std::string& what, const Shape& narrow,
+                                    bool narrow_t, const Shape& wide, bool wide_t,
+                                    const std::string& pair) {
+  if (narrow.size() > wide.size())
+    throw PartitionError(what + ": " + pair + " break the " + what + " rules: the side that " +
+                         "is not split has more dimensions than the other");
+  const Shape n = seen_as(narrow, narrow_t, wide.size()), w = seen_as(wide, wide_t, wide.size());
+  for (size_t d = 0; d < w.size(); ++d)
+    if (n[d] != 1 && n[d] != w[d])
+      throw PartitionError(what + ": " + pair + " break the " + what + " rules in dimension " +
+                           std::to_string(d));
+  return {n, w};
+}
+
+// DistDL's pairing (docs/partitions.md), written out literally: list the
+// dimensions where the seen shapes agree; a worker's coordinates along them,
+// taken in the seen order for a partition that is not transposed and in its
+// own (unreversed) order for one that is, numbered in row-major order over
+// the extents in that same order. Workers with the same number pair.
+int64_t matched_number(const Index& own_index, bool transposed, const Shape& seen,
+                       const Shape& other_seen) {
+  Index seen_index = own_index;
+  if (transposed) std::reverse(seen_index.begin(), seen_index.end());
+  while (seen_index.size() < seen.size()) seen_index.insert(seen_index.begin(), 0);
+  std::vector<std::pair<int64_t, int64_t>> coords;  // (coordinate, extent)
+  for (size_t d = 0; d < seen.size(); ++d)
+    if (seen[d] == other_seen[d]) coords.push_back({seen_index[d], seen[d]});
+  if (transposed) std::reverse(coords.begin(), coords.end());
+  int64_t number = 0;
+  for (const auto& [c, n] : coords) number = number * n + c;
+  return number;
 }
 
 // One team per root worker (in root-partition rank order): the root, then
 // every paired worker of `others` in its own rank order, the root skipped.
-SendRecv root_teams(const Partition& roots, bool roots_transposed,
-                    const Partition& others, bool others_transposed,
-                    const Shape& narrow, bool roots_send) {
+SendRecv root_teams(const Partition& roots, bool roots_transposed, const Shape& roots_seen,
+                    const Partition& others, bool others_transposed, const Shape& others_seen,
+                    bool roots_send) {
   const int n = std::max(roots.world_size(), others.world_size());
   SendRecv out;
   out.send_label.assign(n, -1);
   out.recv_label.assign(n, -1);
   for (int r = 0; r < roots.size(); ++r) {
     const int root = roots.workers()[r];
-    const Index ri =
-        effective_index(roots.cartesian_index(r), roots_transposed, narrow.size());
+    const int64_t key =
+        matched_number(roots.cartesian_index(r), roots_transposed, roots_seen, others_seen);
     Ranks team{root};
     for (int o = 0; o < others.size(); ++o) {
       const int w = others.workers()[o];
-      const Index oi =
-          effective_index(others.cartesian_index(o), others_transposed, narrow.size());
-      if (!paired(ri, oi, narrow)) continue;
+      if (matched_number(others.cartesian_index(o), others_transposed, others_seen,
+                         roots_seen) != key)
+        continue;
       (roots_send ? out.recv_label : out.send_label)[w] = static_cast<int>(out.parts.size());
       if (w != root) team.push_back(w);
     }
@@ -224,15 +264,17 @@ SendRecv root_teams(const Partition& roots, bool roots_transposed,
 SendRecv Partition::create_broadcast_partition_to(const Partition& P_y,
                                                   bool transpose_src,
                                                   bool transpose_dest) const {
-  const auto eff = broadcast_shapes(shape_, P_y.shape_, transpose_src, transpose_dest);
-  return root_teams(*this, transpose_src, P_y, transpose_dest, eff.src, true);
+  const auto [x, y] = check_rules("broadcast", shape_, transpose_src, P_y.shape_, transpose_dest,
+                                  pair_string(shape_, transpose_src, P_y.shape_, transpose_dest));
+  return root_teams(*this, transpose_src, x, P_y, transpose_dest, y, true);
 }
 
 SendRecv Partition::create_reduction_partition_to(const Partition& P_y,
                                                   bool transpose_src,
                                                   bool transpose_dest) const {
-  const auto eff = reduction_shapes(shape_, P_y.shape_, transpose_src, transpose_dest);
-  return root_teams(P_y, transpose_dest, *this, transpose_src, eff.dst, false);
+  const auto [y, x] = check_rules("reduction", P_y.shape_, transpose_dest, shape_, transpose_src,
+                                  pair_string(shape_, transpose_src, P_y.shape_, transpose_dest));
+  return root_teams(P_y, transpose_dest, y, *this, transpose_src, x, false);
 }
 
 bool Partition::operator==(const Partition& other) const {

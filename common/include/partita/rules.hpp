@@ -1,8 +1,7 @@
 // The broadcast and reduction rules of seed 001 (and their mirror for
-// broadcast, DESIGN.md), as shape arithmetic only. Both the reference and
-// the MPI implementation validate their partitions with this one function,
-// so the rules are stated once; which workers end up together is computed
-// separately by each side.
+// broadcast, DESIGN.md), as shape arithmetic only: the MPI implementation's
+// statement of them. The reference restates them on its own
+// (reference/src/partition.cpp), so that a mistake here is caught.
 #pragma once
 
 #include "partita/shape.hpp"
@@ -27,8 +26,13 @@ EffectiveShapes broadcast_shapes(const Shape& px, const Shape& py,
 EffectiveShapes reduction_shapes(const Shape& px, const Shape& py,
                                  bool transpose_src, bool transpose_dest);
 
-// The index a worker has in the effective (transposed, padded) view of its
-// partition: reversed if transposed, then padded with leading zeros.
-Index effective_index(const Index& index, bool transposed, size_t dim);
+// Which workers of a broadcast or reduction pair up (DistDL's rule,
+// docs/partitions.md): the dimensions where the two effective shapes agree
+// are the matched ones; a worker's key is its effective index over the
+// matched dimensions, raveled in C order, or in Fortran order when its
+// partition is transposed (which is C order over its own, unreversed
+// coordinates). Workers with equal keys pair. `index` is the worker's index
+// in its own partition, `own` and `other` the two effective shapes.
+int64_t pairing_key(const Index& index, bool transposed, const Shape& own, const Shape& other);
 
 }  // namespace partita
