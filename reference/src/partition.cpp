@@ -195,19 +195,21 @@ std::string pair_string(const Shape& px, bool ts, const Shape& py, bool td) {
          shape_string(py) + (td ? " (transposed)" : "");
 }
 
-// `narrow` may hold a 1 where `wide` does not, nowhere else, and has no more
-// dimensions. Returns the two seen shapes, narrow first.
+// `narrow` (P_x of a broadcast, P_y of a reduction) may hold a 1 where
+// `wide` does not, nowhere else, and has no more dimensions. Returns the two
+// seen shapes, narrow first.
 std::pair<Shape, Shape> check_rules(const std::string& what, const Shape& narrow,
                                     bool narrow_t, const Shape& wide, bool wide_t,
-                                    const std::string& pair) {
+                                    const std::string& pair, const char* narrow_name) {
   if (narrow.size() > wide.size())
-    throw PartitionError(what + ": " + pair + " break the " + what + " rules: the side that " +
-                         "is not split has more dimensions than the other");
+    throw PartitionError(what + ": " + pair + " break the " + what + " rules: dim(" +
+                         narrow_name + ") must not exceed the other's");
   const Shape n = seen_as(narrow, narrow_t, wide.size()), w = seen_as(wide, wide_t, wide.size());
   for (size_t d = 0; d < w.size(); ++d)
     if (n[d] != 1 && n[d] != w[d])
-      throw PartitionError(what + ": " + pair + " break the " + what + " rules in dimension " +
-                           std::to_string(d));
+      throw PartitionError(what + ": " + pair + " break the " + what + " rules: effective shapes " +
+                           shape_string(n) + " and " + shape_string(w) + " differ in dimension " +
+                           std::to_string(d) + " where " + narrow_name + " is not 1");
   return {n, w};
 }
 
@@ -265,7 +267,7 @@ SendRecv Partition::create_broadcast_partition_to(const Partition& P_y,
                                                   bool transpose_src,
                                                   bool transpose_dest) const {
   const auto [x, y] = check_rules("broadcast", shape_, transpose_src, P_y.shape_, transpose_dest,
-                                  pair_string(shape_, transpose_src, P_y.shape_, transpose_dest));
+                                  pair_string(shape_, transpose_src, P_y.shape_, transpose_dest), "P_x");
   return root_teams(*this, transpose_src, x, P_y, transpose_dest, y, true);
 }
 
@@ -273,7 +275,7 @@ SendRecv Partition::create_reduction_partition_to(const Partition& P_y,
                                                   bool transpose_src,
                                                   bool transpose_dest) const {
   const auto [y, x] = check_rules("reduction", P_y.shape_, transpose_dest, shape_, transpose_src,
-                                  pair_string(shape_, transpose_src, P_y.shape_, transpose_dest));
+                                  pair_string(shape_, transpose_src, P_y.shape_, transpose_dest), "P_y");
   return root_teams(P_y, transpose_dest, y, *this, transpose_src, x, false);
 }
 
