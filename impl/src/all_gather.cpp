@@ -4,6 +4,7 @@
 
 
 #include "detail/layer_checks.hpp"
+#include "detail/plan_check.hpp"
 #include "detail/team_comm.hpp"
 
 namespace partita::nn {
@@ -21,6 +22,24 @@ struct GatherLayer {
   int axis = 0;
   int64_t dim = 0;
   std::vector<Ranks> groups;  // every team, world ranks in order along `axis`
+
+  // Checked mode: a gather sends its piece to every member and receives
+  // theirs; a reduce-scatter sends each member its piece of the split.
+  std::vector<PeerClaim> claims(const at::Tensor& x, const std::vector<int64_t>& lengths) const {
+    std::vector<PeerClaim> c(P_x.size());
+    if (!team.active()) return c;
+    int64_t row = 1;  // elements per index along `dim`
+    for (int64_t d = 0; d < x.dim(); ++d)
+      if (d != dim) row *= x.size(d);
+    const int64_t mine = lengths.at(team.rank()) * row;
+    std::vector<int64_t> send, recv;
+    for (int64_t len : lengths) {
+      send.push_back(gather ? mine : len * row);
+      recv.push_back(gather ? len * row : mine);
+    }
+    add_team_claims(c, P_x, team.workers(), send, recv, static_cast<int64_t>(x.scalar_type()));
+    return c;
+  }
 
   at::Tensor forward(const at::Tensor& x) const {
     if (!P_x.active()) return x.clone();
@@ -51,6 +70,7 @@ struct GatherLayer {
       const int64_t n = x.size(dim), k = team.size();
       for (int64_t i = 0; i < k; ++i) lengths[i] = local_length(n, k, i);
     }
+    check_plan(P_x, name, claims(x, lengths));
     at::Tensor y;
     {
       at::NoGradGuard no_grad;

@@ -5,6 +5,7 @@
 #include "detail/agreement.hpp"
 #include "detail/box_view.hpp"
 #include "detail/layer_checks.hpp"
+#include "detail/plan_check.hpp"
 #include "detail/team_comm.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/tiling.hpp"
@@ -83,6 +84,26 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     return steps;
   }
 
+  // Checked mode: per neighbour, the boxes this rank sends and receives in
+  // the forward (the adjoint swaps them).
+  std::vector<PeerClaim> claims(const std::vector<Step>& steps, at::ScalarType dtype) const {
+    std::vector<PeerClaim> c(P_x.size());
+    auto add = [&](int partner, const Box& out, const Box& in) {
+      if (partner < 0) return;
+      auto& claim = c.at(partner);
+      if (out.size() > 0) ++claim.messages;
+      if (in.size() > 0) ++claim.messages;
+      claim.send += out.size();
+      claim.recv += in.size();
+      claim.dtype = static_cast<int64_t>(dtype);
+    };
+    for (const auto& s : steps) {
+      add(s.lo, s.for_lo, s.ghost_lo);
+      add(s.hi, s.for_hi, s.ghost_hi);
+    }
+    return c;
+  }
+
   // One step of the forward (fill the ghosts) or of the adjoint (send the
   // ghosts' gradients back, add them into the bulk, zero the ghosts), on `t`
   // (contiguous) in place. Messages address its boxes through subarray
@@ -143,6 +164,7 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     const auto headers = exchange_headers(P_x, make_header(x), name.c_str());
     check_inputs(name, P_x, P_x, headers);
     const std::vector<Step> steps = plan(headers);
+    check_plan(P_x, name, claims(steps, x.scalar_type()));
     at::Tensor y;
     {
       at::NoGradGuard no_grad;

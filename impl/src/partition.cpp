@@ -10,12 +10,18 @@
 #include "partita/mpi/runtime.hpp"
 #include "partita/rules.hpp"
 #include "detail/agreement.hpp"
+#include "detail/plan_check.hpp"
 
 namespace partita::mpi {
 
 using detail::Fingerprint;
 using detail::agree;
 using detail::checked;
+using detail::PeerClaim;
+using detail::agree_on_teams;
+using detail::check_plan;
+using detail::rank_in;
+using detail::team_fingerprint;
 
 namespace {
 
@@ -235,6 +241,14 @@ StatePtr subgrid_state(const Partition& P, MPI_Comm comm, const std::vector<bool
   for (size_t d = 0; d < remain.size(); ++d)
     if (remain[d]) sub.push_back(P.shape()[d]);
   if (!cartesian || sub.empty()) sub = {static_cast<int64_t>(team.size())};
+  // Checked mode: every member must hold the same member list, or
+  // MPI_Comm_create_group below would wait forever.
+  std::vector<PeerClaim> claims(P.size());
+  const uint64_t fp = team_fingerprint(team);
+  for (int w : team) claims[rank_in(P, w)].team = fp;
+  check_plan(P, cartesian ? "create_cartesian_subtopology_partition"
+                          : "create_allreduction_partition",
+             claims);
   auto s = make_state(team, sub, cartesian);
   s->comm = create_comm(comm, team, 0);
   return s;
@@ -336,6 +350,12 @@ std::pair<Partition, Partition> team_partitions(const std::vector<Team>& teams,
   return root_sends ? std::make_pair(as_root, as_paired) : std::make_pair(as_paired, as_root);
 }
 
+std::vector<Ranks> members(const std::vector<Team>& teams) {
+  std::vector<Ranks> out;
+  for (const auto& t : teams) out.push_back(t.workers());
+  return out;
+}
+
 Fingerprint pair_fingerprint(const char* what, const Partition& a, const Partition& b,
                              bool ts, bool td) {
   Fingerprint f;
@@ -382,6 +402,7 @@ std::pair<Partition, Partition> Partition::create_broadcast_partition_to(
   checked(world_comm(), "create_broadcast_partition_to",
           pair_fingerprint("broadcast", *this, P_y, transpose_src, transpose_dest),
           [&] { t = broadcast_teams(*this, P_y, transpose_src, transpose_dest); });
+  agree_on_teams(world_comm(), "create_broadcast_partition_to", members(t));
   return team_partitions(t, true);
 }
 
@@ -391,6 +412,7 @@ std::pair<Partition, Partition> Partition::create_reduction_partition_to(
   checked(world_comm(), "create_reduction_partition_to",
           pair_fingerprint("reduction", *this, P_y, transpose_src, transpose_dest),
           [&] { t = reduction_teams(*this, P_y, transpose_src, transpose_dest); });
+  agree_on_teams(world_comm(), "create_reduction_partition_to", members(t));
   return team_partitions(t, false);
 }
 

@@ -6,6 +6,7 @@
 
 #include "detail/box_view.hpp"
 #include "detail/layer_checks.hpp"
+#include "detail/plan_check.hpp"
 #include "detail/team_comm.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/tiling.hpp"
@@ -37,6 +38,27 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
     const Tiling t = tile(name, padded_shape(P_x.shape(), d), pieces, P_x.workers());
     return plan_repartition(t, P_x.workers(), padded_shape(P_y.shape(), d), P_y.workers(),
                             mpi::world_rank());
+  }
+
+  // Checked mode: per partner, the pieces this rank sends and receives.
+  std::vector<PeerClaim> claims(const RepartitionPlan& p, at::ScalarType dtype) const {
+    std::vector<PeerClaim> c(P_union.size());
+    const int me = mpi::world_rank();
+    for (const auto& s : p.sends) {
+      if (s.partner == me) continue;
+      auto& claim = c.at(union_rank.at(s.partner));
+      claim.send += s.slice.size();
+      claim.messages += 1;
+      claim.dtype = static_cast<int64_t>(dtype);
+    }
+    for (const auto& r : p.recvs) {
+      if (r.partner == me) continue;
+      auto& claim = c.at(union_rank.at(r.partner));
+      claim.recv += r.slice.size();
+      claim.messages += 1;
+      claim.dtype = static_cast<int64_t>(dtype);
+    }
+    return c;
   }
 
   // Moves `sends` slices of `src` into `recvs` slices of `dst` (both
@@ -101,6 +123,7 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
     check_inputs(name, P_union, P_x, headers);
     const RepartitionPlan p = plan(headers);
     const at::ScalarType dtype = header_of(P_union, headers, P_x.workers()[0]).scalar_type();
+    check_plan(P_union, name, claims(p, dtype));
     const auto out_options = x.options().dtype(dtype).requires_grad(false);
     at::Tensor y;
     {

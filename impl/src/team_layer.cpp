@@ -3,6 +3,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "detail/layer_checks.hpp"
+#include "detail/plan_check.hpp"
 #include "detail/team_comm.hpp"
 #include "partita/nn/broadcast.hpp"
 #include "partita/nn/sum_reduce.hpp"
@@ -30,6 +31,38 @@ TeamLayer::TeamLayer(Kind k, const mpi::Partition& px, const mpi::Partition& py,
       y_source = k == Kind::Broadcast ? t.root : t.paired.at(0);
 }
 
+// Checked mode: the root of a broadcast team sends its input to every
+// member; a member of a reduction team sends its contribution to the root.
+std::vector<PeerClaim> TeamLayer::claims(const at::Tensor& x, const Shape& out_shape,
+                                         at::ScalarType out_dtype) const {
+  std::vector<PeerClaim> c(P_union.size());
+  const bool self = P_send.active() && P_recv.active() && P_send.comm() == P_recv.comm();
+  const auto none = [](const mpi::Partition& t) { return std::vector<int64_t>(t.size(), 0); };
+  if (kind == Kind::Broadcast) {
+    if (P_send.active())  // root
+      add_team_claims(c, P_union, P_send.workers(), std::vector<int64_t>(P_send.size(), x.numel()),
+                      none(P_send), static_cast<int64_t>(x.scalar_type()));
+    if (P_recv.active() && !self) {  // member: from the root only
+      auto recv = none(P_recv);
+      recv[0] = volume(out_shape);
+      add_team_claims(c, P_union, P_recv.workers(), none(P_recv), recv,
+                      static_cast<int64_t>(out_dtype));
+    }
+  } else {
+    if (P_recv.active())  // root: from every member
+      add_team_claims(c, P_union, P_recv.workers(), none(P_recv),
+                      std::vector<int64_t>(P_recv.size(), volume(out_shape)),
+                      static_cast<int64_t>(out_dtype));
+    if (P_send.active() && !self) {  // member: to the root only
+      auto send = none(P_send);
+      send[0] = x.numel();
+      add_team_claims(c, P_union, P_send.workers(), send, none(P_send),
+                      static_cast<int64_t>(x.scalar_type()));
+    }
+  }
+  return c;
+}
+
 at::Tensor TeamLayer::forward(const at::Tensor& x) const {
   if (!P_union.active()) return x.clone();  // in neither partition
   const auto headers = exchange_headers(P_union, make_header(x), name.c_str());
@@ -46,6 +79,7 @@ at::Tensor TeamLayer::forward(const at::Tensor& x) const {
   }
   const auto out_options = x.options().dtype(out_dtype).requires_grad(false);
   const bool attach = any_requires_grad(headers);
+  check_plan(P_union, name, claims(x, out_shape, out_dtype));
 
   at::Tensor y;
   {

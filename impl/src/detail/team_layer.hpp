@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "detail/plan_check.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/options.hpp"
 
@@ -27,6 +28,10 @@ struct TeamLayer {
   Options options;
 
   at::Tensor forward(const at::Tensor& x) const;
+
+ private:
+  std::vector<mpi::detail::PeerClaim> claims(const at::Tensor& x, const Shape& out_shape,
+                                             at::ScalarType out_dtype) const;
 };
 
 }  // namespace partita::nn::detail

@@ -1,0 +1,176 @@
+#include "detail/plan_check.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+#include "detail/agreement.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/tensor_rules.hpp"
+
+namespace partita::mpi::detail {
+
+namespace {
+
+bool initial_mode() {
+  const char* v = std::getenv("PARTITA_CHECKED");
+  return !(v && std::string(v) == "0");
+}
+bool g_checked = initial_mode();
+
+std::string describe(const PeerClaim& c) {
+  std::ostringstream os;
+  os << c.messages << " message(s), sends " << c.send << ", receives " << c.recv;
+  if (c.dtype >= 0) os << " of " << dtype_string(static_cast<at::ScalarType>(c.dtype));
+  if (c.team) os << ", team #" << std::hex << (c.team & 0xffffff);
+  return os.str();
+}
+
+}  // namespace
+
+bool checked_mode() { return g_checked; }
+void set_checked_mode(bool on) { g_checked = on; }
+
+uint64_t team_fingerprint(const Ranks& members) {
+  Fingerprint f;
+  f.add(members);
+  return f.h | 1;  // never 0 (0 means "no team")
+}
+
+int rank_in(const Partition& P, int w) {
+  const auto& ws = P.workers();
+  for (size_t i = 0; i < ws.size(); ++i)
+    if (ws[i] == w) return static_cast<int>(i);
+  return -1;
+}
+
+void add_team_claims(std::vector<PeerClaim>& claims, const Partition& P, const Ranks& team,
+                     const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
+                     int64_t dtype) {
+  const uint64_t fp = team_fingerprint(team);
+  for (size_t i = 0; i < team.size(); ++i) {
+    if (team[i] == world_rank()) continue;
+    PeerClaim& c = claims.at(rank_in(P, team[i]));
+    c.messages += 1;
+    c.team += fp;  // a sum: both sides add the same fingerprints in any order
+    c.send += send[i];
+    c.recv += recv[i];
+    c.dtype = dtype;
+  }
+}
+
+void check_plan(const Partition& P, const std::string& what, const std::vector<PeerClaim>& claims) {
+  if (!g_checked || !P.active()) return;
+  const int n = P.size(), me = P.rank();
+  constexpr int k = sizeof(PeerClaim) / sizeof(int64_t);
+  static_assert(sizeof(PeerClaim) == 5 * sizeof(int64_t), "PeerClaim is sent as int64 words");
+  std::vector<PeerClaim> theirs(n);
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Ialltoall(claims.data(), k, MPI_INT64_T, theirs.data(), k, MPI_INT64_T,
+                                  P.comm(), &req));
+  wait(req, (what + " plan check").c_str());
+  std::string error;
+  for (int p = 0; p < n && error.empty(); ++p) {
+    if (p == me) continue;
+    const PeerClaim& mine = claims[p];
+    const PeerClaim& other = theirs[p];
+    const bool agree = mine.send == other.recv && mine.recv == other.send &&
+                       mine.messages == other.messages && mine.team == other.team &&
+                       (mine.dtype == other.dtype || mine.dtype < 0 || other.dtype < 0 ||
+                        (mine.send == 0 && mine.recv == 0));
+    if (agree) continue;
+    const int a = std::min(me, p), b = std::max(me, p);
+    const PeerClaim& ca = a == me ? mine : other;
+    const PeerClaim& cb = a == me ? other : mine;
+    error = what + ": workers " + std::to_string(P.workers()[a]) + " and " +
+            std::to_string(P.workers()[b]) + " disagree about the plan: worker " +
+            std::to_string(P.workers()[a]) + " plans " + describe(ca) + " with worker " +
+            std::to_string(P.workers()[b]) + ", which plans " + describe(cb) + " with it";
+  }
+  Fingerprint none;
+  agree(P.comm(), (what + " plan check").c_str(), none, error);
+}
+
+}  // namespace partita::mpi::detail
+
+namespace partita::mpi::detail {
+
+namespace {
+
+std::vector<int64_t> serialize(const std::vector<Ranks>& teams) {
+  std::vector<int64_t> out{static_cast<int64_t>(teams.size())};
+  for (const auto& t : teams) {
+    out.push_back(static_cast<int64_t>(t.size()));
+    out.insert(out.end(), t.begin(), t.end());
+  }
+  return out;
+}
+
+std::vector<Ranks> deserialize(const std::vector<int64_t>& v) {
+  std::vector<Ranks> teams(static_cast<size_t>(v.at(0)));
+  size_t i = 1;
+  for (auto& t : teams) {
+    const auto n = static_cast<size_t>(v.at(i++));
+    for (size_t j = 0; j < n; ++j) t.push_back(static_cast<int>(v.at(i++)));
+  }
+  return teams;
+}
+
+std::vector<int64_t> bcast_from(MPI_Comm comm, int root, std::vector<int64_t> v, const char* what) {
+  int64_t n = static_cast<int64_t>(v.size());
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Ibcast(&n, 1, MPI_INT64_T, root, comm, &req));
+  wait(req, what);
+  v.resize(static_cast<size_t>(n));
+  PARTITA_MPI_CHECK(MPI_Ibcast(v.data(), static_cast<int>(n), MPI_INT64_T, root, comm, &req));
+  wait(req, what);
+  return v;
+}
+
+}  // namespace
+
+void agree_on_teams(MPI_Comm comm, const std::string& what, const std::vector<Ranks>& teams) {
+  if (!g_checked) return;
+  int n = 0, me = 0;
+  MPI_Comm_size(comm, &n);
+  MPI_Comm_rank(comm, &me);
+  const auto mine = serialize(teams);
+  Fingerprint f;
+  f.add(mine);
+  const auto h = static_cast<int64_t>(f.h);
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  MPI_Request req;
+  const std::string label = what + " team check";
+  PARTITA_MPI_CHECK(MPI_Iallgather(&h, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, comm, &req));
+  wait(req, label.c_str());
+  int other = -1;
+  for (int r = 1; r < n && other < 0; ++r)
+    if (all[r] != all[0]) other = r;
+  if (other < 0) return;
+  // Every rank learns the two tables and says the same thing.
+  const auto first = deserialize(bcast_from(comm, 0, mine, label.c_str()));
+  const auto second = deserialize(bcast_from(comm, other, mine, label.c_str()));
+  int w0 = 0, w1 = other;  // world ranks of the two
+  MPI_Group g, wg;
+  MPI_Comm_group(comm, &g);
+  MPI_Comm_group(world_comm(), &wg);
+  int in[2] = {0, other}, out[2] = {0, other};
+  MPI_Group_translate_ranks(g, 2, in, wg, out);
+  MPI_Group_free(&g);
+  MPI_Group_free(&wg);
+  w0 = out[0];
+  w1 = out[1];
+  std::string diff = "they hold " + std::to_string(first.size()) + " and " +
+                     std::to_string(second.size()) + " teams";
+  for (size_t t = 0; t < std::min(first.size(), second.size()); ++t)
+    if (first[t] != second[t]) {
+      diff = "team " + std::to_string(t) + " is [" + list_string(first[t]) + "] on worker " +
+             std::to_string(w0) + " and [" + list_string(second[t]) + "] on worker " +
+             std::to_string(w1);
+      break;
+    }
+  throw PartitionError(what + ": workers " + std::to_string(w0) + " and " + std::to_string(w1) +
+                       " computed different teams: " + diff);
+}
+
+}  // namespace partita::mpi::detail
