@@ -49,6 +49,11 @@ int run(const std::vector<std::string>& args, int* argc, char*** argv) {
   mpi::Environment env(argc, argv);
   torch::set_num_threads(1);  // one rank per core: do not fight over them
   const int rank = mpi::world_rank();
+  // A stuck wait fails the case within seconds (issue 18): the report goes
+  // over a communicator of its own, which stale operations cannot reach.
+  if (mpi::deadline() <= 0) mpi::set_deadline(mpi::scaled_for_ranks(10));
+  MPI_Comm report = MPI_COMM_NULL;
+  PARTITA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &report));
   std::string line;
   bool ok = false;
   try {
@@ -64,11 +69,19 @@ int run(const std::vector<std::string>& args, int* argc, char*** argv) {
   } catch (const std::exception& e) {
     line = std::string("ERROR ") + e.what();
   }
-  const auto lines = mpi::Partition::world().allgather_data(line);
+  const bool missed = mpi::deadline_misses() > 0;
+  if (missed)  // said at once by this rank, in case the report below cannot finish
+    std::cerr << "rank " << rank << ": " << line << "\n  case file: " << file
+              << "\n  replay: mpiexec.mpich -n " << mpi::world_size() << " partita run " << file
+              << std::endl;
+  const auto lines = mpi::allgather_strings(line, report);
   if (rank == 0)
     for (size_t r = 0; r < lines.size(); ++r) std::cout << "rank " << r << ": " << lines[r] << "\n";
   std::cout << std::flush;
-  return mpi::all_true(ok, mpi::world_comm()) ? 0 : 1;
+  const bool all_ok = mpi::all_true(ok && !missed, report);
+  if (!mpi::all_true(!missed, report)) MPI_Abort(MPI_COMM_WORLD, 1);  // stale operations
+  MPI_Comm_free(&report);
+  return all_ok ? 0 : 1;
 }
 
 }  // namespace partita::tools

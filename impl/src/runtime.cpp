@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,8 @@ int g_rank = 0;
 int g_size = 1;
 WaitPolicy g_policy = WaitPolicy::Yield;
 double g_timeout = 0;  // seconds; 0 = no watchdog
+double g_deadline = 0;  // seconds; 0 = no deadline
+long g_deadline_misses = 0;
 
 WaitPolicy policy_from_environment() {
   const char* env = std::getenv("PARTITA_WAIT");
@@ -61,6 +64,7 @@ Environment::Environment(int* argc, char*** argv) {
   MPI_Comm_size(g_world, &g_size);
   g_policy = policy_from_environment();
   if (const char* t = std::getenv("PARTITA_WAIT_TIMEOUT")) g_timeout = std::atof(t);
+  if (const char* t = std::getenv("PARTITA_DEADLINE")) g_deadline = scaled_for_ranks(std::atof(t));
 }
 
 Environment::~Environment() {
@@ -81,9 +85,27 @@ const char* wait_policy_name(WaitPolicy policy) {
   return policy == WaitPolicy::Spin ? "spin" : "yield";
 }
 
+void set_deadline(double seconds) { g_deadline = seconds; }
+double scaled_for_ranks(double seconds) {
+  int local = g_size;
+  if (const char* n = std::getenv("MPI_LOCALNRANKS")) local = std::atoi(n);
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  return seconds * std::max(1.0, local / cores);
+}
+double deadline() { return g_deadline; }
+long deadline_misses() { return g_deadline_misses; }
+
+void renew_world() {
+  MPI_Comm fresh = MPI_COMM_NULL;
+  PARTITA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &fresh));
+  MPI_Comm_set_errhandler(fresh, MPI_ERRORS_RETURN);
+  g_world = fresh;  // the old one is abandoned, not freed: see the header
+}
+
 namespace {
 // The one waiting loop: test, and under the yield policy give the core away
-// between tests; the watchdog checks the clock every 1024 polls.
+// between tests; the deadline and the watchdog check the clock every 1024
+// polls.
 void poll(int n, MPI_Request* requests, const char* what) {
   const auto start = std::chrono::steady_clock::now();
   unsigned polls = 0;
@@ -92,10 +114,21 @@ void poll(int n, MPI_Request* requests, const char* what) {
     PARTITA_MPI_CHECK(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE));
     if (done) return;
     if (g_policy == WaitPolicy::Yield) sched_yield();
-    if (g_timeout > 0 && (++polls & 1023u) == 0) {
+    if ((g_timeout > 0 || g_deadline > 0) && (++polls & 1023u) == 0) {
       const double waited = std::chrono::duration<double>(
                                 std::chrono::steady_clock::now() - start).count();
-      if (waited > g_timeout) watchdog_fired(what, waited);
+      if (g_deadline > 0 && waited > g_deadline) {
+        // The requests are abandoned, not cancelled (MPI forbids cancelling
+        // a collective): they stay on the communicator renew_world()
+        // retires, where nothing new is posted that could match them.
+        ++g_deadline_misses;
+        char text[160];
+        std::snprintf(text, sizeof text, "%.1f s (PARTITA_DEADLINE)", g_deadline);
+        throw DeadlineError("partita: rank " + std::to_string(g_rank) + ": " + what +
+                            " did not finish within " + text +
+                            ": the ranks disagree about it or one of them is stuck");
+      }
+      if (g_timeout > 0 && waited > g_timeout) watchdog_fired(what, waited);
     }
   }
 }
@@ -115,6 +148,26 @@ void check(int code, const char* call, const char* file, int line) {
   throw MpiError(std::string("MPI error ") + std::to_string(code) + " in " + call +
                      " at " + file + ":" + std::to_string(line) + ": " + text,
                  code);
+}
+
+std::vector<std::string> allgather_strings(const std::string& mine, MPI_Comm comm,
+                                           const std::function<void(MPI_Request&)>& waiter) {
+  auto finish = [&](MPI_Request& r) { waiter ? waiter(r) : wait(r, "allgather_strings"); };
+  int n = 0;
+  MPI_Comm_size(comm, &n);
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(n), offsets(n, 0);
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm, &req));
+  finish(req);
+  for (int r = 1; r < n; ++r) offsets[r] = offsets[r - 1] + lens[r - 1];
+  std::string all(static_cast<size_t>(offsets[n - 1] + lens[n - 1]), '\0');
+  PARTITA_MPI_CHECK(MPI_Iallgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(),
+                                    offsets.data(), MPI_CHAR, comm, &req));
+  finish(req);
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r) out.push_back(all.substr(offsets[r], lens[r]));
+  return out;
 }
 
 bool all_true(bool local, MPI_Comm comm) {

@@ -3,16 +3,20 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 
-#include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
 
 namespace partita::testing {
 
 namespace {
 std::string g_program = "<test binary>";
+std::string g_current_case = "<no case yet>";
 
 std::string current_test_filter() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -22,6 +26,54 @@ std::string current_test_filter() {
 }  // namespace
 
 void set_program_name(const std::string& argv0) { g_program = argv0; }
+void set_current_case(const std::string& repro) { g_current_case = repro; }
+
+MPI_Comm harness_comm() {
+  static MPI_Comm comm = [] {
+    MPI_Comm c = MPI_COMM_NULL;
+    PARTITA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c));
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    return c;
+  }();
+  return comm;
+}
+
+namespace {
+
+std::string replay_line(const LockstepParams& lp) {
+  return "replay: RC_PARAMS=\"seed=" + std::to_string(lp.seed) +
+         " max_success=" + std::to_string(lp.max_success) +
+         " max_size=" + std::to_string(lp.max_size) + "\" mpiexec.mpich -n " +
+         std::to_string(mpi::world_size()) + " " + g_program +
+         " --gtest_filter=" + current_test_filter();
+}
+
+// Waits for the harness's own collectives. They are not under partita's
+// deadline (they must not fail a case) but under a longer one of their own:
+// if it passes, some rank is stuck where no deadline reaches it; this rank
+// says what it knows and the job ends.
+void harness_wait(MPI_Request& req, const LockstepParams& lp, const char* what) {
+  if (mpi::deadline() <= 0) return mpi::wait(req, what);  // the watchdog's care
+  const double limit = std::max(30.0, 4 * mpi::deadline());
+  const auto start = std::chrono::steady_clock::now();
+  for (unsigned polls = 0;; ++polls) {
+    int done = 0;
+    PARTITA_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (mpi::wait_policy() == mpi::WaitPolicy::Yield) sched_yield();
+    if ((polls & 1023u) != 0) continue;
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited < limit) continue;
+    std::cerr << "lockstep: rank " << mpi::world_rank() << " waited " << waited << " s in the "
+              << what << " of a case: another rank is stuck where no deadline reaches it\n"
+              << "  case: " << g_current_case << "\n  seed " << lp.seed << "\n  "
+              << replay_line(lp) << std::endl;
+    MPI_Abort(MPI_COMM_WORLD, 4);
+  }
+}
+
+}  // namespace
 
 LockstepParams lockstep_params() {
   // configuration() parses RC_PARAMS; without a seed RapidCheck draws a
@@ -32,7 +84,7 @@ LockstepParams lockstep_params() {
                    static_cast<uint64_t>(config.testParams.maxSize)};
   if (const char* n = std::getenv("PARTITA_PROP_CASES")) p[1] = std::strtoull(n, nullptr, 10);
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Ibcast(p, 3, MPI_UINT64_T, 0, mpi::world_comm(), &req));
+  PARTITA_MPI_CHECK(MPI_Ibcast(p, 3, MPI_UINT64_T, 0, harness_comm(), &req));
   mpi::wait(req, "lockstep_params");
   return {p[0], static_cast<int>(p[1]), static_cast<int>(p[2])};
 }
@@ -41,17 +93,37 @@ bool check_lockstep_impl(const std::string& name,
                          const std::function<void(Verdict&)>& draw_and_run,
                          std::string* report) {
   const LockstepParams lp = lockstep_params();
-  const mpi::Partition world = mpi::Partition::world();
+  const MPI_Comm comm = harness_comm();
+  bool first_failure = true;
   auto property = rc::detail::toProperty([&] {
     Verdict v;
+    const long misses_before = mpi::deadline_misses();
     draw_and_run(v);
-    if (mpi::all_true(v.ok(), mpi::world_comm())) return;
+    const bool missed = mpi::deadline_misses() != misses_before;
+    // One agreement: did every rank pass, did any miss a deadline.
+    int local[2] = {v.ok() ? 1 : 0, missed ? 0 : 1}, global[2] = {0, 0};
+    MPI_Request req;
+    PARTITA_MPI_CHECK(MPI_Iallreduce(local, global, 2, MPI_INT, MPI_MIN, comm, &req));
+    harness_wait(req, lp, "verdict agreement");
+    if (!global[1]) mpi::renew_world();  // stale operations stay on the old one
+    if (global[0]) return;
     // Everyone learns what every failing rank saw, so the failure text (and
     // with it RapidCheck's choice of shrink) is the same on all ranks.
-    const auto all = world.allgather_data(v.ok() ? std::string() : v.message());
+    const auto all = mpi::allgather_strings(v.ok() ? std::string() : v.message(), comm,
+                                            [&](MPI_Request& r) { harness_wait(r, lp, "failure report"); });
+    const int n = mpi::world_size();
     std::string text;
-    for (size_t r = 0; r < all.size(); ++r)
+    for (int r = 0; r < n; ++r)
       if (!all[r].empty()) text += "\n  rank " + std::to_string(r) + ": " + all[r];
+    // The first failing case at once, before shrinking (which may take long);
+    // by every rank when a deadline was missed, else by rank 0.
+    if (first_failure && (!global[1] || mpi::world_rank() == 0)) {
+      std::cerr << "lockstep property '" << name << "': case failed at " << n << " ranks"
+                << (global[1] ? "" : " (a wait missed its deadline)") << ", shrinking\n  case: "
+                << g_current_case << text << "\n  seed " << lp.seed << "\n  " << replay_line(lp)
+                << std::endl;
+    }
+    first_failure = false;
     RC_FAIL(text);
   });
   rc::detail::TestMetadata meta;
@@ -81,9 +153,7 @@ bool check_lockstep_impl(const std::string& name,
   os << "lockstep property '" << name << "' failed at " << mpi::world_size()
      << " ranks (seed " << lp.seed << ")\n";
   rc::detail::printResultMessage(result, os);
-  os << "\nreplay: RC_PARAMS=\"seed=" << lp.seed << " max_success=" << lp.max_success
-     << " max_size=" << lp.max_size << "\" mpiexec.mpich -n " << mpi::world_size() << " "
-     << g_program << " --gtest_filter=" << current_test_filter() << "\n";
+  os << "\n" << replay_line(lp) << "\n";
   if (report) *report = os.str();
   if (mpi::world_rank() == 0) std::cerr << os.str() << std::flush;
   return false;

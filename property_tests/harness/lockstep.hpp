@@ -8,9 +8,20 @@
 //
 // On failure rank 0 prints the seed, the shrunk case (the case type's
 // operator<<, which should print a repro line), what each failing rank saw,
-// and the command that replays the run.
+// and the command that replays the run. The first failing case is printed
+// at once, before shrinking starts.
+//
+// Deadline mode (issue 18): the harness agrees on its own communicator, not
+// on partita's. A case in which some wait missed its deadline (a
+// partita::DeadlineError: ranks disagreeing about a plan) fails like any
+// other, every rank prints what it was stuck in, and partita's world
+// communicator is renewed before the next case. If the harness's own
+// agreement cannot finish (a rank stuck where no deadline reaches), every
+// rank that can prints the case, the seed and the replay line, and the job
+// is aborted.
 #pragma once
 
+#include <mpi.h>
 #include <rapidcheck.h>
 
 #include <functional>
@@ -54,6 +65,13 @@ LockstepParams lockstep_params();
 // argv[0] and the gtest test name go into the replay command.
 void set_program_name(const std::string& argv0);
 
+// The case being run, as its repro line (set before each case's body).
+void set_current_case(const std::string& repro);
+
+// The harness's own duplicate of MPI_COMM_WORLD (made on first use, which
+// every rank reaches at once: lockstep_params, or main()).
+MPI_Comm harness_comm();
+
 // Runs the property: `body` is called on every rank with the same case.
 // Returns true when all cases passed (the same answer on every rank); on
 // failure the report is printed on rank 0 and `report` holds it.
@@ -69,6 +87,9 @@ bool check_lockstep(const std::string& name, rc::Gen<Case> gen,
       name,
       [gen, body](Verdict& v) {
         const Case c = *gen;
+        std::ostringstream repro;
+        repro << c;
+        set_current_case(repro.str());
         try {
           body(c, v);
         } catch (const std::exception& e) {

@@ -23,6 +23,24 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   int rank_;
 };
 
+// Deadline mode: a test in which some rank missed a deadline leaves stale
+// operations on partita's world communicator; every rank renews it before
+// the next test (the ranks run the same tests in the same order).
+class RenewAfterMissedDeadline : public ::testing::EmptyTestEventListener {
+ public:
+  void OnTestEnd(const ::testing::TestInfo&) override {
+    if (partita::mpi::deadline() <= 0) return;
+    const long now = partita::mpi::deadline_misses();
+    int clean = now == seen_ ? 1 : 0, all_clean = 0;
+    seen_ = now;
+    MPI_Allreduce(&clean, &all_clean, 1, MPI_INT, MPI_MIN, partita::testing::harness_comm());
+    if (!all_clean) partita::mpi::renew_world();
+  }
+
+ private:
+  long seen_ = 0;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -39,7 +57,18 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(rank));
   }
+  partita::testing::harness_comm();  // made now, while every rank is here
+  ::testing::UnitTest::GetInstance()->listeners().Append(new RenewAfterMissedDeadline);
   const int local = RUN_ALL_TESTS();
-  const bool all_ok = partita::mpi::all_true(local == 0, partita::mpi::world_comm());
-  return all_ok ? 0 : 1;
+  int in[2] = {local == 0 ? 1 : 0, partita::mpi::deadline_misses() == 0 ? 1 : 0}, out[2];
+  MPI_Allreduce(in, out, 2, MPI_INT, MPI_MIN, partita::testing::harness_comm());
+  if (!out[1]) {
+    // Operations abandoned at a deadline could keep MPI_Finalize waiting:
+    // everything is reported, so end the job here.
+    std::cerr << std::flush;
+    if (rank == 0)
+      std::cerr << "partita: a wait missed its deadline in this run; ending the job" << std::endl;
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return out[0] ? 0 : 1;
 }

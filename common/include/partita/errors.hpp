@@ -26,6 +26,14 @@ struct ShapeError : Error {
   using Error::Error;
 };
 
+// A wait did not finish within the deadline (PARTITA_DEADLINE, issue 18):
+// the ranks disagree about a plan or one of them is stuck. Only raised in
+// deadline mode; the world communicator must be renewed before partita
+// communicates again (mpi::renew_world, done by the test harness).
+struct DeadlineError : Error {
+  using Error::Error;
+};
+
 // An MPI call returned an error code.
 struct MpiError : Error {
   MpiError(const std::string& what, int code) : Error(what), code(code) {}

@@ -12,6 +12,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,14 +45,44 @@ WaitPolicy wait_policy();
 void set_wait_policy(WaitPolicy policy);
 const char* wait_policy_name(WaitPolicy policy);
 
-// Finish requests under the waiting policy. `what` names the operation for
-// the watchdog: when PARTITA_WAIT_TIMEOUT (seconds, default none) passes, the
-// rank prints what it was waiting for and aborts the job instead of hanging.
+// Finish requests under the waiting policy. `what` names the operation.
+//
+// Deadline mode (issue 18; docs/mpi-runtime.md): when a deadline is set, a
+// wait that has not finished after that many seconds throws
+// partita::DeadlineError naming the operation, and the requests are
+// abandoned: the case fails, not the job. PARTITA_DEADLINE=S sets it at
+// start-up to S seconds times max(1, ranks on this node / cores), since
+// oversubscribed ranks are that much slower.
+//
+// The watchdog is the last resort: when PARTITA_WAIT_TIMEOUT (seconds,
+// default none) passes, the rank prints what it was waiting for and aborts
+// the job instead of hanging.
 void wait(MPI_Request& request, const char* what);
 void wait_all(std::vector<MPI_Request>& requests, const char* what);
 
+void set_deadline(double seconds);  // 0: off
+// `seconds` times max(1, ranks on this node / cores): what PARTITA_DEADLINE
+// is scaled by, for callers that choose their own default.
+double scaled_for_ranks(double seconds);
+double deadline();
+// How many waits have missed their deadline since the process started; the
+// harness compares it before and after a case.
+long deadline_misses();
+
+// After a missed deadline the abandoned operations still sit on partita's
+// world communicator, where they could match a later operation. Collective
+// over MPI_COMM_WORLD: every rank replaces partita's world communicator by a
+// fresh duplicate (the old one is left alone, not freed, since operations on
+// it never finish). Partitions made before keep their old communicators.
+void renew_world();
+
 // Throws partita::MpiError naming the call, the file and line, and MPI's text.
 void check(int code, const char* call, const char* file, int line);
+
+// Every rank's `mine`, in rank order, on every rank of `comm` (failure
+// reports). `waiter` finishes each request (default: wait()).
+std::vector<std::string> allgather_strings(const std::string& mine, MPI_Comm comm,
+                                           const std::function<void(MPI_Request&)>& waiter = {});
 
 // A logical AND of `local` over `comm`, under the waiting policy. Used to
 // agree on verdicts so that every rank takes the same branch.
