@@ -95,7 +95,14 @@ bool check_lockstep_impl(const std::string& name,
   const LockstepParams lp = lockstep_params();
   const MPI_Comm comm = harness_comm();
   bool first_failure = true;
+  // Each case that misses a deadline costs the deadline's seconds; shrinking
+  // one could take minutes. After this many, the remaining shrink candidates
+  // are not run (they count as passing, so RapidCheck keeps the smallest
+  // case that really failed). A count, not a clock: every rank agrees on it.
+  constexpr int kDeadlineCases = 3;
+  int deadline_cases = 0;
   auto property = rc::detail::toProperty([&] {
+    if (deadline_cases >= kDeadlineCases) return;
     Verdict v;
     const long misses_before = mpi::deadline_misses();
     draw_and_run(v);
@@ -105,7 +112,10 @@ bool check_lockstep_impl(const std::string& name,
     MPI_Request req;
     PARTITA_MPI_CHECK(MPI_Iallreduce(local, global, 2, MPI_INT, MPI_MIN, comm, &req));
     harness_wait(req, lp, "verdict agreement");
-    if (!global[1]) mpi::renew_world();  // stale operations stay on the old one
+    if (!global[1]) {
+      mpi::renew_world();  // stale operations stay on the old one
+      ++deadline_cases;
+    }
     if (global[0]) return;
     // Everyone learns what every failing rank saw, so the failure text (and
     // with it RapidCheck's choice of shrink) is the same on all ranks.
@@ -115,9 +125,10 @@ bool check_lockstep_impl(const std::string& name,
     std::string text;
     for (int r = 0; r < n; ++r)
       if (!all[r].empty()) text += "\n  rank " + std::to_string(r) + ": " + all[r];
-    // The first failing case at once, before shrinking (which may take long);
-    // by every rank when a deadline was missed, else by rank 0.
-    if (first_failure && (!global[1] || mpi::world_rank() == 0)) {
+    // The first failing case at once, before shrinking (which may take
+    // long). The ranks agreed, so rank 0 speaks for all; when they cannot
+    // agree, harness_wait has every rank speak.
+    if (first_failure && mpi::world_rank() == 0) {
       std::cerr << "lockstep property '" << name << "': case failed at " << n << " ranks"
                 << (global[1] ? "" : " (a wait missed its deadline)") << ", shrinking\n  case: "
                 << g_current_case << text << "\n  seed " << lp.seed << "\n  " << replay_line(lp)
@@ -153,6 +164,9 @@ bool check_lockstep_impl(const std::string& name,
   os << "lockstep property '" << name << "' failed at " << mpi::world_size()
      << " ranks (seed " << lp.seed << ")\n";
   rc::detail::printResultMessage(result, os);
+  if (deadline_cases >= kDeadlineCases)
+    os << "\n(shrinking stopped after " << deadline_cases
+       << " cases that missed a deadline: the case above is the smallest that failed)";
   os << "\n" << replay_line(lp) << "\n";
   if (report) *report = os.str();
   if (mpi::world_rank() == 0) std::cerr << os.str() << std::flush;

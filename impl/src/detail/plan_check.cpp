@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <sstream>
 
 #include "detail/agreement.hpp"
 #include "partita/mpi/runtime.hpp"
@@ -17,14 +16,6 @@ bool initial_mode() {
   return !(v && std::string(v) == "0");
 }
 bool g_checked = initial_mode();
-
-std::string describe(const PeerClaim& c) {
-  std::ostringstream os;
-  os << c.messages << " message(s), sends " << c.send << ", receives " << c.recv;
-  if (c.dtype >= 0) os << " of " << dtype_string(static_cast<at::ScalarType>(c.dtype));
-  if (c.team) os << ", team #" << std::hex << (c.team & 0xffffff);
-  return os.str();
-}
 
 }  // namespace
 
@@ -72,20 +63,37 @@ void check_plan(const Partition& P, const std::string& what, const std::vector<P
   std::string error;
   for (int p = 0; p < n && error.empty(); ++p) {
     if (p == me) continue;
-    const PeerClaim& mine = claims[p];
-    const PeerClaim& other = theirs[p];
-    const bool agree = mine.send == other.recv && mine.recv == other.send &&
-                       mine.messages == other.messages && mine.team == other.team &&
-                       (mine.dtype == other.dtype || mine.dtype < 0 || other.dtype < 0 ||
-                        (mine.send == 0 && mine.recv == 0));
-    if (agree) continue;
-    const int a = std::min(me, p), b = std::max(me, p);
-    const PeerClaim& ca = a == me ? mine : other;
-    const PeerClaim& cb = a == me ? other : mine;
-    error = what + ": workers " + std::to_string(P.workers()[a]) + " and " +
-            std::to_string(P.workers()[b]) + " disagree about the plan: worker " +
-            std::to_string(P.workers()[a]) + " plans " + describe(ca) + " with worker " +
-            std::to_string(P.workers()[b]) + ", which plans " + describe(cb) + " with it";
+    // Said from the lower worker's side, so both sides word it the same.
+    const bool low = me < p;
+    const PeerClaim& a = low ? claims[p] : theirs[p];  // the lower worker's claim about the higher
+    const PeerClaim& b = low ? theirs[p] : claims[p];
+    const std::string wa = "worker " + std::to_string(P.workers()[std::min(me, p)]);
+    const std::string wb = "worker " + std::to_string(P.workers()[std::max(me, p)]);
+    auto elements = [](int64_t count, int64_t dtype) {
+      std::string t = std::to_string(count) + " elements";
+      if (dtype >= 0) t += " of " + dtype_string(static_cast<at::ScalarType>(dtype));
+      return t;
+    };
+    std::vector<std::string> diffs;
+    if (a.send != b.recv)
+      diffs.push_back(wa + " sends " + elements(a.send, a.dtype) + " to " + wb + ", which expects " +
+                      std::to_string(b.recv));
+    if (b.send != a.recv)
+      diffs.push_back(wb + " sends " + elements(b.send, b.dtype) + " to " + wa + ", which expects " +
+                      std::to_string(a.recv));
+    if (a.messages != b.messages)
+      diffs.push_back(wa + " plans " + std::to_string(a.messages) + " message(s) with " + wb +
+                      ", which plans " + std::to_string(b.messages));
+    if (a.team != b.team)
+      diffs.push_back("they hold different member lists for the team(s) they share");
+    if (diffs.empty() && a.dtype >= 0 && b.dtype >= 0 && a.dtype != b.dtype &&
+        (a.send || a.recv))
+      diffs.push_back(wa + " moves " + dtype_string(static_cast<at::ScalarType>(a.dtype)) + ", " +
+                      wb + " " + dtype_string(static_cast<at::ScalarType>(b.dtype)));
+    if (diffs.empty()) continue;
+    error = what + ": workers " + std::to_string(P.workers()[std::min(me, p)]) + " and " +
+            std::to_string(P.workers()[std::max(me, p)]) + " disagree about the plan: ";
+    for (size_t i = 0; i < diffs.size(); ++i) error += (i ? "; " : "") + diffs[i];
   }
   Fingerprint none;
   agree(P.comm(), (what + " plan check").c_str(), none, error);
