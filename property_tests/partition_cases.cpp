@@ -173,6 +173,11 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
       c.axis = *rc::gen::inRange<int>(0, static_cast<int>(p.py_shape.size()));
     }
     c.options.preserve_batch = chance(1, 2);
+    // Issue 18: on a random subset of ranks the output does not reach the
+    // loss (its backward gets an undefined gradient).
+    if (chance(1, 3))
+      for (int r = 0; r < world; ++r)
+        if (chance(1, 2)) c.unused_outputs.push_back(r);
     c.dtype = *rc::gen::weightedElement<std::string>(
         {{6, "float64"}, {2, "float32"}, {1, "bfloat16"}, {1, "int32"}});
     // A balanced decomposition of a global shape (uneven splits; for the

@@ -27,6 +27,7 @@ void check_primitive(const std::string& primitive) {
         const auto outcome = tools::run_case(c);
         v.expect(outcome.ok, outcome.summary);
         if (std::getenv("PARTITA_SHOW_REJECTED") && !outcome.expected_error.empty() && mpi::world_rank() == 0) std::cout << outcome.expected_error << "\n";
+        if (!c.unused_outputs.empty()) ++kinds["some outputs unused"];
         ++kinds[!outcome.expected_error.empty() ? "rejected (both raised)"
                 : outcome.y.numel() > 0         ? "data moved"
                                                 : "zero-volume on this rank"];

@@ -94,6 +94,23 @@ double adjoint_tolerance(at::ScalarType t) {
   return 5e-2;
 }
 
+// The output passes through unchanged, and its gradient comes back
+// undefined: what a primitive's backward receives on a rank whose output
+// does not reach the loss (PyTorch's gradcheck tests the same).
+struct UndefinedGrad : torch::autograd::Function<UndefinedGrad> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& y) {
+    return y.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list) {
+    return {at::Tensor()};
+  }
+};
+
+bool listed(const Ranks& ranks, int r) {
+  return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
+}
+
 }  // namespace
 
 at::Tensor case_input(const Case& c, int worker) {
@@ -202,7 +219,9 @@ CaseOutcome run_case(const Case& c) {
 
   double gaps[2] = {0, 0};
   if (differentiable) {
-    for (int w = 0; w < world; ++w) dyr[w] = case_cotangent(c, w, yr[w].sizes());
+    for (int w = 0; w < world; ++w)
+      dyr[w] = listed(c.unused_outputs, w) ? at::zeros_like(yr[w].detach())
+                                           : case_cotangent(c, w, yr[w].sizes());
     // Reference backward: one scalar over the whole emulated world.
     at::Tensor total = at::zeros({}, at::kDouble);
     for (int w = 0; w < world; ++w)
@@ -212,7 +231,12 @@ CaseOutcome run_case(const Case& c) {
     for (int w = 0; w < world; ++w)
       dxr[w] = xr[w].grad().defined() ? xr[w].grad() : at::zeros_like(xr[w]);
     // MPI backward, on every rank.
-    if (y.requires_grad()) torch::autograd::backward({y}, {dyr[me]});
+    if (y.requires_grad()) {
+      if (listed(c.unused_outputs, me))
+        torch::autograd::backward({UndefinedGrad::apply(y).sum()});
+      else
+        torch::autograd::backward({y}, {dyr[me]});
+    }
     out.dx = out.x.grad().defined() ? out.x.grad() : at::zeros_like(out.x);
     if (!close(out.dx, dxr[me], &why)) problems.push_back("backward " + why);
 

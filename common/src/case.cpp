@@ -88,6 +88,8 @@ Case Case::from_json(const json::Value& v) {
       throw Error("case: local_shapes has no shape for P_x rank " + std::to_string(r));
   if (v.contains("ranks")) c.ranks = static_cast<int>(v["ranks"].as_int());
   if (v.contains("data_seed")) c.data_seed = static_cast<uint64_t>(v["data_seed"].as_int());
+  if (v.contains("unused_outputs"))
+    for (int64_t r : v["unused_outputs"].as_int_list()) c.unused_outputs.push_back(static_cast<int>(r));
   if (c.ranks && c.ranks < c.world_size_needed())
     throw Error("case: \"ranks\": " + std::to_string(c.ranks) + " is fewer than the ranks it names");
   return c;
@@ -122,6 +124,7 @@ json::Value Case::to_json() const {
   v.set("dtype", dtype);
   if (ranks) v.set("ranks", ranks);
   if (data_seed) v.set("data_seed", static_cast<int64_t>(*data_seed));
+  if (!unused_outputs.empty()) v.set("unused_outputs", json::Value::array_of(unused_outputs));
   return v;
 }
 

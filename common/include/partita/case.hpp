@@ -47,6 +47,10 @@ struct Case {
   // world rank r (the documented, reproducible scheme); present, random
   // values drawn from this seed and the rank (property tests).
   std::optional<uint64_t> data_seed;
+  // World ranks whose output does not reach the loss (issue 18): their
+  // backward receives an undefined gradient, which the reference treats as
+  // zero. The primitive's backward must still run there (it is collective).
+  Ranks unused_outputs;
 
   static Case from_json(const json::Value& v);  // throws partita::Error
   static Case parse(const std::string& text) { return from_json(json::parse(text)); }
