@@ -1,7 +1,7 @@
 #include "partita/reference/halo_exchange.hpp"
 
 #include "partita/tensor_rules.hpp"
-#include "partita/tiling.hpp"
+#include "layout.hpp"
 
 namespace partita::reference {
 
@@ -15,16 +15,17 @@ Tensors halo_exchange(const Partition& P_x, const Shape& left, const Shape& righ
                      std::to_string(P_x.shape().size()));
   for (size_t k = 0; k < left.size() && k < right.size(); ++k)
     if (left[k] < 0 || right[k] < 0) throw PartitionError("halo_exchange: negative ghost width");
-  const Shape grid = padded_shape(P_x.shape(), d);
-  std::vector<Shape> windows;
+  const Shape grid = ones_in_front(P_x.shape(), d);
+  std::vector<Shape> windows, bulks;
   for (int w : P_x.workers()) windows.push_back(shape_of(x[w]));
-  const Tiling t = halo_tiling("halo_exchange", grid, windows, P_x.workers(), left, right);
+  const Layout t =
+      lay_out_bulks("halo_exchange", grid, windows, P_x.workers(), left, right, &bulks);
 
   // The global tensor from the bulks, then padded by the widths.
   at::Tensor global = at::zeros(t.global, x[P_x.workers()[0]].options().requires_grad(false));
   for (int w : P_x.workers()) {
-    const Index ix = unravel(P_x.rank(w), grid);
-    const Shape start = t.start(ix), len = t.length(ix);
+    const Shape& start = t.start[P_x.rank(w)];
+    const Shape& len = bulks[P_x.rank(w)];
     at::Tensor box = global, bulk = x[w];
     for (int64_t k = 0; k < d; ++k) {
       box = box.narrow(k, start[k], len[k]);
@@ -42,8 +43,7 @@ Tensors halo_exchange(const Partition& P_x, const Shape& left, const Shape& righ
 
   // Every P_x worker gets its window; others keep a clone.
   return over_receivers(P_x, P_x, x, /*preserve_batch=*/false, [&](int me) {
-    const Index ix = unravel(P_x.rank(me), grid);
-    const Shape start = t.start(ix);
+    const Shape& start = t.start[P_x.rank(me)];
     at::Tensor window = padded;
     // Inside the global tensor: global position start - left + p in [0, n).
     at::Tensor inside = at::ones({}, at::kBool);

@@ -1,5 +1,6 @@
 #include "partita/reference/reduce_scatter.hpp"
 
+#include "layout.hpp"
 #include "partita/tensor_rules.hpp"
 
 namespace partita::reference {
@@ -16,7 +17,8 @@ Tensors reduce_scatter(const Partition& P_x, int axis, int64_t dim, const Tensor
       sum = sum.defined() ? sum + x[m] : x[m].clone();
     }
     const int64_t n = sum.size(dim), k = team.size(), i = team.rank(me);
-    return sum.narrow(dim, local_start(n, k, i), local_length(n, k, i)).clone();
+    const auto [start, length] = balanced_piece(n, k, i);
+    return sum.narrow(dim, start, length).clone();
   });
 }
 

@@ -1,7 +1,7 @@
 #include "partita/reference/repartition.hpp"
 
 #include "partita/tensor_rules.hpp"
-#include "partita/tiling.hpp"
+#include "layout.hpp"
 
 namespace partita::reference {
 
@@ -13,27 +13,28 @@ Tensors repartition(const Partition& P_x, const Partition& P_y, const Tensors& x
                      " dimensions cannot be split over partitions of " +
                      std::to_string(P_x.shape().size()) + " and " +
                      std::to_string(P_y.shape().size()) + " dimensions");
-  const Shape sx = padded_shape(P_x.shape(), d), sy = padded_shape(P_y.shape(), d);
+  const Shape sx = ones_in_front(P_x.shape(), d), sy = ones_in_front(P_y.shape(), d);
   std::vector<Shape> pieces;
   for (int w : P_x.workers()) pieces.push_back(shape_of(x[w]));
-  const Tiling t = tile("repartition", sx, pieces, P_x.workers());
+  const Layout t = lay_out("repartition", sx, pieces, P_x.workers());
   const Shape& n = t.global;
   // Assemble the global tensor from the pieces.
   const at::ScalarType dtype = x[P_x.workers()[0]].scalar_type();
   at::Tensor global = at::zeros(n, at::TensorOptions().dtype(dtype));
   for (int w : P_x.workers()) {
-    const Index ix = unravel(P_x.rank(w), sx);
-    const Shape start = t.start(ix), len = t.length(ix);
+    const Shape& start = t.start[P_x.rank(w)];
     at::Tensor window = global;
-    for (int64_t k = 0; k < d; ++k) window = window.narrow(k, start[k], len[k]);
+    for (int64_t k = 0; k < d; ++k) window = window.narrow(k, start[k], x[w].size(k));
     window.copy_(x[w]);
   }
   // Cut it by the balanced decomposition over P_y.
   return over_receivers(P_x, P_y, x, /*preserve_batch=*/false, [&](int me) {
     const Index iy = unravel(P_y.rank(me), sy);
     at::Tensor piece = global;
-    for (int64_t k = 0; k < d; ++k)
-      piece = piece.narrow(k, local_start(n[k], sy[k], iy[k]), local_length(n[k], sy[k], iy[k]));
+    for (int64_t k = 0; k < d; ++k) {
+      const auto [start, length] = balanced_piece(n[k], sy[k], iy[k]);
+      piece = piece.narrow(k, start, length);
+    }
     return piece.clone();
   });
 }
