@@ -12,9 +12,9 @@ namespace partita::perf {
 extern const char* const kDashboardTemplate;  // dashboard_template.html, embedded at build time
 
 std::string dashboard_html(const std::vector<Run>& runs) {
-  json::Value list = json::Value::Array{};
+  json::Value list = json::Value::array();
   for (const auto& r : runs) list.push_back(to_json(r));
-  std::string data = list.dump();
+  std::string data = json::dump(list);
   // Inside <script>, "</" could close the element.
   for (size_t at = data.find("</"); at != std::string::npos; at = data.find("</", at + 3))
     data.replace(at, 2, "<\\/");

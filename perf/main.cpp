@@ -93,13 +93,13 @@ int run(const std::vector<std::string>& args) {
     out = std::string(PARTITA_SOURCE_DIR) + "/perf/history/" + utc_now("%Y%m%dT%H%M%SZ") + "_" +
           result.commit.substr(0, 7) + ".json";
   json::Value settings;
-  settings.set("ranks", json::Value::array_of(ranks));
-  settings.set("repetitions", repetitions);
-  settings.set("repetitions_are", "passes over the whole suite");
-  settings.set("min_time", std::stod(min_time));
-  settings.set("filter", filter);
+  settings["ranks"] = json::Value(ranks);
+  settings["repetitions"] = repetitions;
+  settings["repetitions_are"] = "passes over the whole suite";
+  settings["min_time"] = std::stod(min_time);
+  settings["filter"] = filter;
   if (const char* plant = std::getenv("PARTITA_BENCH_PLANT_SLOWDOWN"))
-    settings.set("planted_slowdown", std::atof(plant));
+    settings["planted_slowdown"] = std::atof(plant);
   result.settings = settings;
   // A hang aborts with a message instead of waiting forever.
   setenv("PARTITA_WAIT_TIMEOUT", "300", 0);
@@ -122,7 +122,7 @@ int run(const std::vector<std::string>& args) {
                 << ": " << cmd << "\n";
       if (std::system(cmd.c_str()) != 0)
         throw Error("the benchmark run at " + std::to_string(n) + " ranks failed");
-      const auto doc = json::parse(read_file(tmp.string()));
+      const auto doc = json::parse_benchmark(read_file(tmp.string()), tmp.string());
       if (result.machine.is_null()) result.machine = machine_of(doc);
       auto got = from_google_benchmark(doc, n);
       if (pass == 0) {
@@ -210,7 +210,7 @@ int table_command(const std::vector<std::string>& args) {
                   b.ratio.summary.median, ours - raw);
     std::cout << line;
   }
-  std::cout << "\n(medians over " << r.settings["repetitions"].as_int()
+  std::cout << "\n(medians over " << r.settings.at("repetitions").get<int64_t>()
             << " repetitions of per-iteration medians; commit " << r.commit.substr(0, 7) << ", "
             << r.date << ")\n";
   return 0;

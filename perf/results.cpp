@@ -23,24 +23,24 @@ Metric metric(std::vector<double> samples) {
 
 json::Value metric_json(const Metric& m) {
   json::Value v;
-  v.set("median", m.summary.median);
-  v.set("min", m.summary.min);
-  v.set("max", m.summary.max);
-  v.set("reps", static_cast<int64_t>(m.summary.reps));
-  json::Value a = json::Value::Array{};
+  v["median"] = m.summary.median;
+  v["min"] = m.summary.min;
+  v["max"] = m.summary.max;
+  v["reps"] = static_cast<int64_t>(m.summary.reps);
+  json::Value a = json::Value::array();
   for (double x : m.samples) a.push_back(x);
-  v.set("samples", a);
+  v["samples"] = a;
   return v;
 }
 
 Metric metric_from(const json::Value& v) {
   std::vector<double> s;
-  for (const auto& x : v["samples"].as_array()) s.push_back(x.as_double());
+  for (const auto& x : v.at("samples")) s.push_back(json::to_double(x));
   return metric(std::move(s));
 }
 
 double counter(const json::Value& b, const char* name) {
-  return b.contains(name) ? b[name].as_double() : 0;
+  return b.contains(name) ? json::to_double(b.at(name)) : 0;
 }
 
 }  // namespace
@@ -68,11 +68,11 @@ const BenchResult* Run::find(const std::string& key) const {
 json::Value machine_of(const json::Value& doc) {
   const auto& c = doc["context"];
   json::Value m;
-  m.set("host", c.contains("host_name") ? c["host_name"].as_string() : "");
-  m.set("cores", c.contains("num_cpus") ? c["num_cpus"].as_int() : 0);
-  m.set("mhz_per_cpu", c.contains("mhz_per_cpu") ? c["mhz_per_cpu"].as_int() : 0);
-  m.set("mpi_library", c.contains("mpi_library") ? c["mpi_library"].as_string() : "unknown");
-  m.set("libtorch", c.contains("libtorch") ? c["libtorch"].as_string() : "unknown");
+  m["host"] = c.contains("host_name") ? c.at("host_name").get<std::string>() : "";
+  m["cores"] = c.contains("num_cpus") ? c.at("num_cpus").get<int64_t>() : 0;
+  m["mhz_per_cpu"] = c.contains("mhz_per_cpu") ? c.at("mhz_per_cpu").get<int64_t>() : 0;
+  m["mpi_library"] = c.contains("mpi_library") ? c.at("mpi_library").get<std::string>() : "unknown";
+  m["libtorch"] = c.contains("libtorch") ? c.at("libtorch").get<std::string>() : "unknown";
   return m;
 }
 
@@ -81,12 +81,12 @@ std::vector<BenchResult> from_google_benchmark(const json::Value& doc, int ranks
   // Repetitions in order of appearance, grouped by benchmark.
   std::vector<std::string> order;
   std::map<std::string, std::vector<const json::Value*>> reps;
-  for (const auto& b : doc["benchmarks"].as_array()) {
-    if (b.contains("run_type") && b["run_type"].as_string() != "iteration") continue;
-    if (b.contains("error_occurred") && b["error_occurred"].as_bool())
-      throw Error("benchmark " + b["name"].as_string() + " failed: " +
-                  (b.contains("error_message") ? b["error_message"].as_string() : "?"));
-    std::string name = b["run_name"].as_string();
+  for (const auto& b : doc.at("benchmarks")) {
+    if (b.contains("run_type") && b.at("run_type").get<std::string>() != "iteration") continue;
+    if (b.contains("error_occurred") && b.at("error_occurred").get<bool>())
+      throw Error("benchmark " + b.at("name").get<std::string>() + " failed: " +
+                  (b.contains("error_message") ? b.at("error_message").get<std::string>() : "?"));
+    std::string name = b.at("run_name").get<std::string>();
     const auto suffix = name.find("/manual_time");
     if (suffix != std::string::npos) name.erase(suffix);
     if (!reps.count(name)) order.push_back(name);
@@ -101,7 +101,7 @@ std::vector<BenchResult> from_google_benchmark(const json::Value& doc, int ranks
     r.bytes = slash == std::string::npos ? 0 : std::stoll(name.substr(slash + 1));
     r.ranks = ranks;
     const std::string twin_key = "twin:" + r.primitive;
-    r.twin = context.contains(twin_key) ? context[twin_key].as_string() : "";
+    r.twin = context.contains(twin_key) ? context.at(twin_key).get<std::string>() : "";
     std::vector<double> t, m, q, bps;
     for (const json::Value* b : reps[name]) {
       const double us = counter(*b, "partita_us");
@@ -124,54 +124,54 @@ std::vector<BenchResult> from_google_benchmark(const json::Value& doc, int ranks
 
 json::Value to_json(const Run& run) {
   json::Value v;
-  v.set("schema", kSchema);
-  v.set("commit", run.commit);
-  v.set("date", run.date);
-  v.set("machine", run.machine);
-  v.set("settings", run.settings);
-  json::Value list = json::Value::Array{};
+  v["schema"] = kSchema;
+  v["commit"] = run.commit;
+  v["date"] = run.date;
+  v["machine"] = run.machine;
+  v["settings"] = run.settings;
+  json::Value list = json::Value::array();
   for (const auto& b : run.benchmarks) {
     json::Value e;
-    e.set("name", b.name);
-    e.set("primitive", b.primitive);
-    e.set("bytes", b.bytes);
-    e.set("ranks", b.ranks);
-    e.set("twin", b.twin);
-    e.set("time_us", metric_json(b.time_us));
-    e.set("mpi_time_us", metric_json(b.mpi_time_us));
-    e.set("ratio", metric_json(b.ratio));
-    e.set("bytes_per_second", metric_json(b.bytes_per_second));
-    e.set("peak_rss_mib", b.peak_rss_mib);
-    e.set("peak_rss_mib_min_rank", b.peak_rss_mib_min_rank);
-    e.set("rss_growth_mib", b.rss_growth_mib);
+    e["name"] = b.name;
+    e["primitive"] = b.primitive;
+    e["bytes"] = b.bytes;
+    e["ranks"] = b.ranks;
+    e["twin"] = b.twin;
+    e["time_us"] = metric_json(b.time_us);
+    e["mpi_time_us"] = metric_json(b.mpi_time_us);
+    e["ratio"] = metric_json(b.ratio);
+    e["bytes_per_second"] = metric_json(b.bytes_per_second);
+    e["peak_rss_mib"] = b.peak_rss_mib;
+    e["peak_rss_mib_min_rank"] = b.peak_rss_mib_min_rank;
+    e["rss_growth_mib"] = b.rss_growth_mib;
     list.push_back(e);
   }
-  v.set("benchmarks", list);
+  v["benchmarks"] = list;
   return v;
 }
 
 Run run_from_json(const json::Value& v) {
-  if (!v.contains("schema") || v["schema"].as_string() != kSchema)
+  if (!v.contains("schema") || v.at("schema").get<std::string>() != kSchema)
     throw Error(std::string("not a ") + kSchema + " result (no \"schema\": \"" + kSchema + "\")");
   Run r;
-  r.commit = v["commit"].as_string();
-  r.date = v["date"].as_string();
+  r.commit = v.at("commit").get<std::string>();
+  r.date = v.at("date").get<std::string>();
   r.machine = v["machine"];
   r.settings = v["settings"];
-  for (const auto& e : v["benchmarks"].as_array()) {
+  for (const auto& e : v.at("benchmarks")) {
     BenchResult b;
-    b.name = e["name"].as_string();
-    b.primitive = e["primitive"].as_string();
-    b.bytes = e["bytes"].as_int();
-    b.ranks = static_cast<int>(e["ranks"].as_int());
-    b.twin = e["twin"].as_string();
+    b.name = e.at("name").get<std::string>();
+    b.primitive = e.at("primitive").get<std::string>();
+    b.bytes = e.at("bytes").get<int64_t>();
+    b.ranks = static_cast<int>(e.at("ranks").get<int64_t>());
+    b.twin = e.at("twin").get<std::string>();
     b.time_us = metric_from(e["time_us"]);
     b.mpi_time_us = metric_from(e["mpi_time_us"]);
     b.ratio = metric_from(e["ratio"]);
     b.bytes_per_second = metric_from(e["bytes_per_second"]);
-    b.peak_rss_mib = e["peak_rss_mib"].as_double();
-    b.peak_rss_mib_min_rank = e["peak_rss_mib_min_rank"].as_double();
-    b.rss_growth_mib = e["rss_growth_mib"].as_double();
+    b.peak_rss_mib = json::to_double(e.at("peak_rss_mib"));
+    b.peak_rss_mib_min_rank = json::to_double(e.at("peak_rss_mib_min_rank"));
+    b.rss_growth_mib = json::to_double(e.at("rss_growth_mib"));
     r.benchmarks.push_back(std::move(b));
   }
   return r;
@@ -187,7 +187,10 @@ std::string read_file(const std::string& path) {
 
 Run read_run(const std::string& path) {
   try {
-    return run_from_json(json::parse(read_file(path)));
+    return run_from_json(json::parse(read_file(path), path));
+  } catch (const nlohmann::json::exception& e) {
+    // A missing key or a value of the wrong type in a well-formed file.
+    throw Error(path + ": not a partita-perf result: " + e.what());
   } catch (const Error& e) {
     throw Error(path + ": " + e.what());
   }
@@ -197,7 +200,7 @@ void write_run(const Run& run, const std::string& path) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   std::ofstream out(path);
-  out << to_json(run).dump() << "\n";
+  out << json::dump(to_json(run)) << "\n";
   if (!out) throw Error("cannot write " + path);
 }
 

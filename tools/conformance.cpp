@@ -53,13 +53,13 @@ std::string shell_quote(const std::string& s) {
 
 // Counts the statuses in a gtest JSON report.
 void count(const json::Value& report, Row& row) {
-  for (const auto& suite : report["testsuites"].as_array())
-    for (const auto& t : suite["testsuite"].as_array()) {
+  for (const auto& suite : report.at("testsuites"))
+    for (const auto& t : suite.at("testsuite")) {
       const bool failed = t.contains("failures");
-      const std::string result = t.contains("result") ? t["result"].as_string() : "";
+      const std::string result = t.contains("result") ? t.at("result").get<std::string>() : "";
       if (failed) ++row.failed;
       else if (result == "SKIPPED") ++row.skipped;
-      else if (t["status"].as_string() == "RUN") ++row.passed;
+      else if (t.at("status").get<std::string>() == "RUN") ++row.passed;
     }
 }
 
@@ -85,17 +85,17 @@ int conformance(const std::vector<std::string>& args, const std::string& argv0) 
       return 2;
     }
   }
-  const json::Value manifest = json::parse(read_file(suites_file));
-  const std::string mpiexec = manifest["mpiexec"].as_string();
+  const json::Value manifest = json::parse(read_file(suites_file), suites_file);
+  const std::string mpiexec = manifest.at("mpiexec").get<std::string>();
   std::vector<Row> rows;
   const std::string tmp = "/tmp/partita-conformance-" + std::to_string(getpid()) + ".json";
-  for (const auto& s : manifest["suites"].as_array()) {
-    const std::string name = s["name"].as_string();
+  for (const auto& s : manifest.at("suites")) {
+    const std::string name = s.at("name").get<std::string>();
     if (s.contains("unimplemented")) {
-      rows.push_back({name, 0, 0, 0, 0, 0, "UNIMPLEMENTED", s["unimplemented"].as_string()});
+      rows.push_back({name, 0, 0, 0, 0, 0, "UNIMPLEMENTED", s.at("unimplemented").get<std::string>()});
       continue;
     }
-    for (const auto n : s["ranks"].as_int_list()) {
+    for (const auto n : s.at("ranks").get<std::vector<int64_t>>()) {
       if (!only_ranks.empty() &&
           std::find(only_ranks.begin(), only_ranks.end(), n) == only_ranks.end())
         continue;
@@ -104,7 +104,7 @@ int conformance(const std::vector<std::string>& args, const std::string& argv0) 
       std::ostringstream cmd;
       cmd << "PARTITA_WAIT_TIMEOUT=" << std::max(10, timeout - 30) << " timeout -k 10 " << timeout
           << " " << shell_quote(mpiexec) << " -n " << n << " "
-          << shell_quote(s["binary"].as_string()) << " --gtest_output=json:" << tmp;
+          << shell_quote(s.at("binary").get<std::string>()) << " --gtest_output=json:" << tmp;
       if (!filter.empty()) cmd << " --gtest_filter=" << shell_quote(filter);
       cmd << " > " << tmp << ".log 2>&1";
       std::cout << "running " << name << " at " << n << " ranks ..." << std::flush;
@@ -115,7 +115,7 @@ int conformance(const std::vector<std::string>& args, const std::string& argv0) 
       const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
       bool reported = true;
       try {
-        count(json::parse(read_file(tmp)), row);
+        count(json::parse(read_file(tmp), tmp), row);
       } catch (const Error& e) {
         reported = false;
         row.note = "no readable gtest report (exit " + std::to_string(code) + ")";
@@ -140,7 +140,7 @@ int conformance(const std::vector<std::string>& args, const std::string& argv0) 
             << "passed" << std::setw(8) << "failed" << std::setw(9) << "skipped" << std::setw(10)
             << "seconds" << "status\n";
   int failed = 0;
-  json::Value out = json::Value::Array{};
+  json::Value out = json::Value::array();
   for (const auto& r : rows) {
     std::ostringstream secs;
     secs << std::fixed << std::setprecision(1) << r.seconds;
@@ -150,17 +150,17 @@ int conformance(const std::vector<std::string>& args, const std::string& argv0) 
               << "\n";
     failed += r.status == "FAILED";
     json::Value j;
-    j.set("suite", r.suite);
-    j.set("ranks", r.ranks);
-    j.set("passed", r.passed);
-    j.set("failed", r.failed);
-    j.set("skipped", r.skipped);
-    j.set("seconds", r.seconds);
-    j.set("status", r.status);
-    if (!r.note.empty()) j.set("note", r.note);
+    j["suite"] = r.suite;
+    j["ranks"] = r.ranks;
+    j["passed"] = r.passed;
+    j["failed"] = r.failed;
+    j["skipped"] = r.skipped;
+    j["seconds"] = r.seconds;
+    j["status"] = r.status;
+    if (!r.note.empty()) j["note"] = r.note;
     out.push_back(j);
   }
-  if (!json_out.empty()) std::ofstream(json_out) << out.dump() << "\n";
+  if (!json_out.empty()) std::ofstream(json_out) << json::dump(out) << "\n";
   std::cout << (failed ? "CONFORMANCE FAILED" : "CONFORMANCE PASSED") << " (" << rows.size()
             << " rows, " << failed << " failed)\n";
   return failed ? 1 : 0;

@@ -176,42 +176,42 @@ void print_text(const Options& o, const Tables& t, std::ostream& out) {
 
 void print_json(const Options& o, const Tables& t, std::ostream& out) {
   json::Value doc;
-  doc.set("primitive", o.primitive);
+  doc["primitive"] = o.primitive;
   json::Value px;
-  px.set("ranks", json::Value::array_of(o.px_ranks));
-  px.set("shape", json::Value::array_of(o.px_shape));
-  doc.set("P_x", px);
+  px["ranks"] = json::Value(o.px_ranks);
+  px["shape"] = json::Value(o.px_shape);
+  doc["P_x"] = px;
   if (o.primitive == "all-sum-reduce") {
-    doc.set("axes", json::Value::array_of(o.axes));
+    doc["axes"] = json::Value(o.axes);
   } else {
     json::Value py;
-    py.set("ranks", json::Value::array_of(o.py_ranks));
-    py.set("shape", json::Value::array_of(o.py_shape));
-    doc.set("P_y", py);
+    py["ranks"] = json::Value(o.py_ranks);
+    py["shape"] = json::Value(o.py_shape);
+    doc["P_y"] = py;
     json::Value opts;
-    opts.set("transpose_src", o.transpose_src);
-    opts.set("transpose_dest", o.transpose_dest);
-    doc.set("options", opts);
+    opts["transpose_src"] = o.transpose_src;
+    opts["transpose_dest"] = o.transpose_dest;
+    doc["options"] = opts;
   }
-  json::Value parts = json::Value::Array{};
+  json::Value parts = json::Value::array();
   for (size_t l = 0; l < t.parts.size(); ++l) {
     json::Value p;
-    p.set("label", label(static_cast<int>(l)));
-    if (t.rooted) p.set("root", t.parts[l].workers()[0]);
-    p.set("workers", json::Value::array_of(t.parts[l].workers()));
+    p["label"] = label(static_cast<int>(l));
+    if (t.rooted) p["root"] = t.parts[l].workers()[0];
+    p["workers"] = json::Value(t.parts[l].workers());
     parts.push_back(p);
   }
-  doc.set("partitions", parts);
-  json::Value rows = json::Value::Array{};
+  doc["partitions"] = parts;
+  json::Value rows = json::Value::array();
   for (const auto& [w, labels] : t.rows) {
     json::Value r;
-    r.set("worker", w);
+    r["worker"] = w;
     for (size_t c = 0; c < labels.size(); ++c)
-      r.set(t.worker_columns[c], labels[c] < 0 ? json::Value() : json::Value(label(labels[c])));
+      r[t.worker_columns[c]] = labels[c] < 0 ? json::Value() : json::Value(label(labels[c]));
     rows.push_back(r);
   }
-  doc.set("workers", rows);
-  out << doc.dump() << "\n";
+  doc["workers"] = rows;
+  out << json::dump(doc) << "\n";
 }
 
 // Repartition: every worker's (slice, size, partner) send and receive
@@ -274,39 +274,39 @@ void print_repartition_text(const Options& o, const std::vector<WorkerLists>& li
 void print_repartition_json(const Options& o, const std::vector<WorkerLists>& lists,
                             std::ostream& out) {
   json::Value doc;
-  doc.set("primitive", o.primitive);
-  doc.set("global_shape", json::Value::array_of(o.global_shape));
+  doc["primitive"] = o.primitive;
+  doc["global_shape"] = json::Value(o.global_shape);
   for (const auto& [key, ranks, shape] :
        {std::make_tuple("P_x", o.px_ranks, o.px_shape), std::make_tuple("P_y", o.py_ranks, o.py_shape)}) {
     json::Value p;
-    p.set("ranks", json::Value::array_of(ranks));
-    p.set("shape", json::Value::array_of(shape));
-    doc.set(key, p);
+    p["ranks"] = json::Value(ranks);
+    p["shape"] = json::Value(shape);
+    doc[key] = p;
   }
   auto entries = [](const std::vector<Transfer>& ts) {
-    json::Value a = json::Value::Array{};
+    json::Value a = json::Value::array();
     for (const auto& t : ts) {
       json::Value e;
-      e.set("start", json::Value::array_of(t.slice.start));
-      e.set("length", json::Value::array_of(t.slice.len));
-      e.set("size", t.slice.size());
-      e.set("partner", t.partner);
+      e["start"] = json::Value(t.slice.start);
+      e["length"] = json::Value(t.slice.len);
+      e["size"] = t.slice.size();
+      e["partner"] = t.partner;
       a.push_back(e);
     }
     return a;
   };
-  json::Value rows = json::Value::Array{};
+  json::Value rows = json::Value::array();
   for (const auto& [w, p] : lists) {
     json::Value r;
-    r.set("worker", w);
-    r.set("input_shape", p.in_shape.empty() ? json::Value() : json::Value::array_of(p.in_shape));
-    r.set("output_shape", p.out_shape.empty() ? json::Value() : json::Value::array_of(p.out_shape));
-    r.set("sends", entries(p.sends));
-    r.set("recvs", entries(p.recvs));
+    r["worker"] = w;
+    r["input_shape"] = p.in_shape.empty() ? json::Value() : json::Value(p.in_shape);
+    r["output_shape"] = p.out_shape.empty() ? json::Value() : json::Value(p.out_shape);
+    r["sends"] = entries(p.sends);
+    r["recvs"] = entries(p.recvs);
     rows.push_back(r);
   }
-  doc.set("workers", rows);
-  out << doc.dump() << "\n";
+  doc["workers"] = rows;
+  out << json::dump(doc) << "\n";
 }
 
 }  // namespace

@@ -30,6 +30,8 @@ void save(const std::string& dir, int rank, const CaseOutcome& o) {
   if (!f) throw Error("cannot write " + path);
 }
 
+std::string one_line(const std::string& what) { return what.substr(0, what.find('\n')); }
+
 }  // namespace
 
 int run(const std::vector<std::string>& args, int* argc, char*** argv) {
@@ -56,18 +58,22 @@ int run(const std::vector<std::string>& args, int* argc, char*** argv) {
   PARTITA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &report));
   std::string line;
   bool ok = false;
+  bool case_file_ok = true;
   try {
-    std::ifstream in(file);
-    if (!in) throw Error("cannot read " + file);
-    std::stringstream text;
-    text << in.rdbuf();
-    const Case c = Case::parse(text.str());
+    // Every rank reads the file, so every rank reports a bad one.
+    const Case c = Case::load(file);
     const CaseOutcome o = run_case(c);
     if (!save_dir.empty()) save(save_dir, rank, o);
     ok = o.ok;
     line = std::string(o.ok ? "PASS " : "FAIL ") + c.primitive + ": " + o.summary;
-  } catch (const std::exception& e) {
+  } catch (const CaseError& e) {
+    case_file_ok = false;
     line = std::string("ERROR ") + e.what();
+  } catch (const c10::Error& e) {
+    // LibTorch's what() carries a C++ stack trace: the user gets its first line.
+    line = std::string("ERROR LibTorch: ") + one_line(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    line = std::string("ERROR ") + one_line(e.what());
   }
   const bool missed = mpi::deadline_misses() > 0;
   if (missed)  // said at once by this rank, in case the report below cannot finish
@@ -78,9 +84,12 @@ int run(const std::vector<std::string>& args, int* argc, char*** argv) {
   if (rank == 0)
     for (size_t r = 0; r < lines.size(); ++r) std::cout << "rank " << r << ": " << lines[r] << "\n";
   std::cout << std::flush;
+  // 2: the case file is wrong (not the implementation); 1: a failure.
+  const bool case_files_ok = mpi::all_true(case_file_ok, report);
   const bool all_ok = mpi::all_true(ok && !missed, report);
   if (!mpi::all_true(!missed, report)) MPI_Abort(MPI_COMM_WORLD, 1);  // stale operations
   MPI_Comm_free(&report);
+  if (!case_files_ok) return 2;
   return all_ok ? 0 : 1;
 }
 

@@ -1,132 +1,293 @@
 #include "partita/case.hpp"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "partita/errors.hpp"
+#include "partita/json.hpp"
 
 namespace partita {
 
 namespace {
 
-PartitionSpec spec_from(const json::Value& v, const char* name) {
+// One field of a case file being read. Every conversion that fails throws a
+// CaseError of one form: `FILE: field "PATH": expected WHAT, got VALUE`.
+struct Field {
+  const std::string& source;
+  std::string path;      // "P_x.shape", "local_shapes.3"
+  const char* expected;  // "an array of positive integers"
+  const json::Value& v;
+
+  [[noreturn]] void fail(const std::string& why = "") const {
+    throw CaseError(source + ": field \"" + path + "\": expected " + expected + ", got " +
+                    json::dump(v) + why);
+  }
+  int64_t integer(int64_t min) const {
+    if (!v.is_number_integer() || v.get<int64_t>() < min) fail();
+    return v.get<int64_t>();
+  }
+  std::vector<int64_t> integers(int64_t min) const {
+    if (!v.is_array()) fail();
+    std::vector<int64_t> out;
+    for (const auto& e : v) {
+      if (!e.is_number_integer() || e.get<int64_t>() < min) fail();
+      out.push_back(e.get<int64_t>());
+    }
+    return out;
+  }
+  std::vector<int> small_integers(int64_t min) const {
+    std::vector<int> out;
+    for (int64_t x : integers(min)) {
+      if (x > (1 << 30)) fail();
+      out.push_back(static_cast<int>(x));
+    }
+    return out;
+  }
+  std::string text() const {
+    if (!v.is_string()) fail();
+    return v.get<std::string>();
+  }
+  bool flag() const {
+    if (!v.is_boolean()) fail();
+    return v.get<bool>();
+  }
+  // A member of this object; absent: the error says what was expected of it.
+  Field member(const char* key, const char* member_expected) const {
+    if (!v.is_object()) fail();
+    if (!v.contains(key))
+      throw CaseError(source + ": field \"" + path + "." + key + "\": expected " + member_expected +
+                      ", but it is missing");
+    return Field{source, path + "." + key, member_expected, v.at(key)};
+  }
+  // Keys of this object not in `known` are typos or fields of another version.
+  void only(std::initializer_list<const char*> known) const {
+    if (!v.is_object()) fail();
+    for (const auto& [k, e] : v.items())
+      if (std::none_of(known.begin(), known.end(), [&](const char* n) { return k == n; }))
+        throw CaseError(source + ": field \"" + path + "." + k + "\": unknown (expected " + expected +
+                        ")");
+  }
+};
+
+constexpr const char* kPrimitives[] = {"broadcast",      "sum_reduce",  "all_sum_reduce",
+                                       "all_gather",     "reduce_scatter", "repartition",
+                                       "transpose",      "halo_exchange"};
+constexpr const char* kDtypes[] = {"float32", "float",  "float64", "double", "bfloat16", "float16",
+                                   "half",    "uint8",  "int8",    "int16",  "int32",    "int64"};
+constexpr const char* kSpecExpected =
+    "an object {\"ranks\": [non-negative integers], \"shape\": [positive integers]}";
+
+template <size_t N>
+bool one_of(const std::string& s, const char* const (&names)[N]) {
+  return std::find(std::begin(names), std::end(names), s) != std::end(names);
+}
+
+PartitionSpec spec_from(const Field& f) {
+  f.only({"ranks", "shape"});
   PartitionSpec s;
-  for (auto r : v["ranks"].as_int_list()) s.ranks.push_back(static_cast<int>(r));
-  s.shape = v["shape"].as_int_list();
+  const Field ranks = f.member("ranks", "an array of non-negative integers (world ranks)");
+  s.ranks = ranks.small_integers(0);
+  const Field shape = f.member("shape", "an array of positive integers");
+  s.shape = shape.integers(1);
   if (volume(s.shape) != static_cast<int64_t>(s.ranks.size()))
-    throw Error(std::string("case: ") + name + " shape " + shape_string(s.shape) +
-                " does not fit " + std::to_string(s.ranks.size()) + " ranks");
+    shape.fail(" (its volume " + std::to_string(volume(s.shape)) + " is not the " +
+               std::to_string(s.ranks.size()) + " ranks listed)");
   return s;
 }
 
 json::Value spec_json(const PartitionSpec& s) {
-  json::Value v;
-  v.set("ranks", json::Value::array_of(s.ranks));
-  v.set("shape", json::Value::array_of(s.shape));
-  return v;
+  return json::Value{{"ranks", s.ranks}, {"shape", s.shape}};
 }
 
-const char* kPrimitives[] = {"broadcast", "sum_reduce", "all_sum_reduce", "all_gather",
-                             "reduce_scatter", "repartition", "transpose", "halo_exchange"};
+// The fields of a case file: one row each (name, what is expected, how it is
+// read into the Case). A key not in this table is an error.
+struct Rule {
+  const char* name;
+  const char* expected;
+  void (*read)(const Field&, Case&);
+};
+const Rule kRules[] = {
+    {"primitive",
+     "one of \"broadcast\", \"sum_reduce\", \"all_sum_reduce\", \"all_gather\", \"reduce_scatter\", "
+     "\"repartition\" (or \"transpose\"), \"halo_exchange\"",
+     [](const Field& f, Case& c) {
+       c.primitive = f.text();
+       if (!one_of(c.primitive, kPrimitives)) f.fail();
+       if (c.primitive == "transpose") c.primitive = "repartition";  // the seeds' name
+     }},
+    {"P_x", kSpecExpected, [](const Field& f, Case& c) { c.P_x = spec_from(f); }},
+    {"P_y", kSpecExpected, [](const Field& f, Case& c) { c.P_y = spec_from(f); }},
+    {"axes", "an array of non-negative integers (dimensions of P_x)",
+     [](const Field& f, Case& c) { c.axes = f.small_integers(0); }},
+    {"axis", "a non-negative integer (a dimension of P_x)",
+     [](const Field& f, Case& c) { c.axis = static_cast<int>(f.integer(0)); }},
+    {"dim", "a non-negative integer (a tensor dimension)",
+     [](const Field& f, Case& c) { c.dim = f.integer(0); }},
+    {"left", "an array of non-negative integers (ghost widths)",
+     [](const Field& f, Case& c) { c.left = f.integers(0); }},
+    {"right", "an array of non-negative integers (ghost widths)",
+     [](const Field& f, Case& c) { c.right = f.integers(0); }},
+    {"options", "an object of booleans transpose_src, transpose_dest, preserve_batch",
+     [](const Field& f, Case& c) {
+       f.only({"transpose_src", "transpose_dest", "preserve_batch"});
+       for (auto [key, flag] : {std::pair{"transpose_src", &c.options.transpose_src},
+                                {"transpose_dest", &c.options.transpose_dest},
+                                {"preserve_batch", &c.options.preserve_batch}})
+         if (f.v.contains(key)) *flag = f.member(key, "a boolean").flag();
+     }},
+    {"dtype",
+     "one of \"float32\", \"float64\", \"bfloat16\", \"float16\", \"uint8\", \"int8\", \"int16\", "
+     "\"int32\", \"int64\"",
+     [](const Field& f, Case& c) {
+       c.dtype = f.text();
+       if (!one_of(c.dtype, kDtypes)) f.fail();
+     }},
+    {"global_shape", "an array of non-negative integers",
+     [](const Field& f, Case& c) { c.global_shape = f.integers(0); }},
+    {"local_shape", "an array of non-negative integers",
+     [](const Field& f, Case& c) { c.local_shape = f.integers(0); }},
+    {"local_shapes", "an object from world rank (\"0\", \"1\", ...) to an array of non-negative integers",
+     [](const Field& f, Case& c) {
+       if (!f.v.is_object()) f.fail();
+       for (const auto& [k, s] : f.v.items()) {
+         const Field shape{f.source, f.path + "." + k, "an array of non-negative integers", s};
+         size_t used = 0;
+         int r = -1;
+         try {
+           r = std::stoi(k, &used);
+         } catch (const std::exception&) {
+         }
+         if (used != k.size() || r < 0)
+           throw CaseError(f.source + ": field \"" + shape.path + "\": expected a world rank as key");
+         c.local_shapes[r] = shape.integers(0);
+       }
+     }},
+    {"ranks", "a positive integer (the world size)",
+     [](const Field& f, Case& c) { c.ranks = static_cast<int>(f.integer(1)); }},
+    {"unused_outputs", "an array of world ranks (non-negative integers)",
+     [](const Field& f, Case& c) { c.unused_outputs = f.small_integers(0); }},
+    {"data_seed", "a non-negative integer",
+     [](const Field& f, Case& c) {
+       // Seeds are 64-bit unsigned (property tests draw them over the whole range).
+       if (f.v.is_number_unsigned()) c.data_seed = f.v.get<uint64_t>();
+       else c.data_seed = static_cast<uint64_t>(f.integer(0));
+     }},
+};
+
+const Rule& rule(const std::string& name) {
+  for (const auto& r : kRules)
+    if (name == r.name) return r;
+  throw std::logic_error("case: no rule for " + name);
+}
+
+// The fields each primitive needs besides primitive and P_x.
+std::vector<const char*> required_by(const std::string& primitive) {
+  if (primitive == "all_sum_reduce") return {"axes"};
+  if (primitive == "all_gather" || primitive == "reduce_scatter") return {"axis", "dim"};
+  if (primitive == "halo_exchange") return {"left", "right"};
+  return {"P_y"};
+}
 
 bool along_one_axis(const std::string& p) { return p == "all_gather" || p == "reduce_scatter"; }
 
 }  // namespace
 
-Case Case::from_json(const json::Value& v) {
+Case Case::from_json(const json::Value& v, const std::string& source) {
+  if (!v.is_object())
+    throw CaseError(source + ": expected a JSON object (a case), got " + json::dump(v).substr(0, 60));
   Case c;
-  c.primitive = v["primitive"].as_string();
-  if (c.primitive == "transpose") c.primitive = "repartition";  // the seeds' name
-  if (std::find(std::begin(kPrimitives), std::end(kPrimitives), c.primitive) ==
-      std::end(kPrimitives))
-    throw Error("case: unknown primitive '" + c.primitive +
-                "' (broadcast, sum_reduce, all_sum_reduce, all_gather, reduce_scatter, repartition, "
-                "halo_exchange)");
-  c.P_x = spec_from(v["P_x"], "P_x");
-  if (c.primitive == "all_sum_reduce") {
-    for (auto a : v["axes"].as_int_list()) c.axes.push_back(static_cast<int>(a));
-  } else if (along_one_axis(c.primitive)) {
-    c.axis = static_cast<int>(v["axis"].as_int());
-    c.dim = v["dim"].as_int();
-  } else if (c.primitive == "halo_exchange") {
-    c.left = v["left"].as_int_list();
-    c.right = v["right"].as_int_list();
-  } else {
-    c.P_y = spec_from(v["P_y"], "P_y");
+  for (const auto& [key, value] : v.items()) {
+    const auto it = std::find_if(std::begin(kRules), std::end(kRules),
+                                 [&](const Rule& r) { return key == r.name; });
+    if (it == std::end(kRules)) {
+      std::string names;
+      for (const auto& r : kRules) names += std::string(names.empty() ? "" : ", ") + r.name;
+      throw CaseError(source + ": field \"" + key + "\": unknown (expected one of " + names + ")");
+    }
+    it->read(Field{source, key, it->expected, value}, c);
   }
-  if (v.contains("options")) {
-    const auto& o = v["options"];
-    if (o.contains("transpose_src")) c.options.transpose_src = o["transpose_src"].as_bool();
-    if (o.contains("transpose_dest")) c.options.transpose_dest = o["transpose_dest"].as_bool();
-    if (o.contains("preserve_batch")) c.options.preserve_batch = o["preserve_batch"].as_bool();
-  }
-  if (v.contains("dtype")) c.dtype = v["dtype"].as_string();
-  int given = 0;
-  if (v.contains("global_shape")) {
-    c.global_shape = v["global_shape"].as_int_list();
-    ++given;
-  }
-  if (v.contains("local_shape")) {
-    c.local_shape = v["local_shape"].as_int_list();
-    ++given;
-  }
-  if (v.contains("local_shapes")) {
-    for (const auto& [k, s] : v["local_shapes"].as_object())
-      c.local_shapes[std::stoi(k)] = s.as_int_list();
-    ++given;
-  }
+  auto missing = [&](const char* name, const std::string& why) {
+    throw CaseError(source + ": field \"" + name + "\": expected " + rule(name).expected + why +
+                    ", but it is missing");
+  };
+  if (!v.contains("primitive")) missing("primitive", "");
+  if (!v.contains("P_x")) missing("P_x", "");
+  for (const char* name : required_by(c.primitive))
+    if (!v.contains(name)) missing(name, " (" + c.primitive + " needs it)");
+
+  const int given = v.contains("global_shape") + v.contains("local_shape") + v.contains("local_shapes");
   if (given != 1)
-    throw Error("case: give exactly one of global_shape, local_shape, local_shapes");
+    throw CaseError(source + ": fields \"global_shape\", \"local_shape\", \"local_shapes\": expected "
+                    "exactly one of them, got " + std::to_string(given));
+  auto bad = [&](const char* name, const std::string& what) {
+    throw CaseError(source + ": field \"" + name + "\": " + what);
+  };
   if (c.global_shape && c.global_shape->size() != c.P_x.shape.size())
-    throw Error("case: global_shape " + shape_string(*c.global_shape) + " has " +
-                std::to_string(c.global_shape->size()) + " dimensions but P_x has " +
-                std::to_string(c.P_x.shape.size()));
+    bad("global_shape", "expected " + std::to_string(c.P_x.shape.size()) +
+                            " dimensions (as P_x.shape), got " + shape_string(*c.global_shape));
   for (const auto& [r, s] : c.local_shapes)
     if (std::find(c.P_x.ranks.begin(), c.P_x.ranks.end(), r) == c.P_x.ranks.end())
-      throw Error("case: local_shapes names rank " + std::to_string(r) + ", which is not in P_x");
+      bad("local_shapes", "names rank " + std::to_string(r) + ", which is not in P_x.ranks");
   for (int r : c.P_x.ranks)
     if (!c.local_shapes.empty() && !c.local_shapes.count(r))
-      throw Error("case: local_shapes has no shape for P_x rank " + std::to_string(r));
-  if (v.contains("ranks")) c.ranks = static_cast<int>(v["ranks"].as_int());
-  if (v.contains("data_seed")) c.data_seed = static_cast<uint64_t>(v["data_seed"].as_int());
-  if (v.contains("unused_outputs"))
-    for (int64_t r : v["unused_outputs"].as_int_list()) c.unused_outputs.push_back(static_cast<int>(r));
+      bad("local_shapes", "has no shape for P_x rank " + std::to_string(r));
   if (c.ranks && c.ranks < c.world_size_needed())
-    throw Error("case: \"ranks\": " + std::to_string(c.ranks) + " is fewer than the ranks it names");
+    bad("ranks", "expected at least " + std::to_string(c.world_size_needed()) +
+                     " (the ranks the partitions name), got " + std::to_string(c.ranks));
   return c;
+}
+
+Case Case::parse(const std::string& text, const std::string& source) {
+  json::Value v;
+  try {
+    v = json::parse(text, source);
+  } catch (const Error& e) {
+    throw CaseError(e.what());
+  }
+  return from_json(v, source);
+}
+
+Case Case::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw CaseError(path + ": cannot read the case file");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path);
 }
 
 json::Value Case::to_json() const {
   json::Value v;
-  v.set("primitive", primitive);
-  v.set("P_x", spec_json(P_x));
-  if (P_y) v.set("P_y", spec_json(*P_y));
-  if (primitive == "all_sum_reduce") v.set("axes", json::Value::array_of(axes));
+  v["primitive"] = primitive;
+  v["P_x"] = spec_json(P_x);
+  if (P_y) v["P_y"] = spec_json(*P_y);
+  if (primitive == "all_sum_reduce") v["axes"] = axes;
   if (along_one_axis(primitive)) {
-    v.set("axis", axis);
-    v.set("dim", dim);
+    v["axis"] = axis;
+    v["dim"] = dim;
   }
   if (primitive == "halo_exchange") {
-    v.set("left", json::Value::array_of(left));
-    v.set("right", json::Value::array_of(right));
+    v["left"] = left;
+    v["right"] = right;
   }
-  if (global_shape) v.set("global_shape", json::Value::array_of(*global_shape));
-  if (local_shape) v.set("local_shape", json::Value::array_of(*local_shape));
+  if (global_shape) v["global_shape"] = *global_shape;
+  if (local_shape) v["local_shape"] = *local_shape;
   if (!local_shapes.empty()) {
-    json::Value m;
-    for (const auto& [r, s] : local_shapes) m.set(std::to_string(r), json::Value::array_of(s));
-    v.set("local_shapes", m);
+    json::Value m = json::Value::object();
+    for (const auto& [r, s] : local_shapes) m[std::to_string(r)] = s;
+    v["local_shapes"] = m;
   }
-  json::Value o;
-  o.set("transpose_src", options.transpose_src);
-  o.set("transpose_dest", options.transpose_dest);
-  o.set("preserve_batch", options.preserve_batch);
-  v.set("options", o);
-  v.set("dtype", dtype);
-  if (ranks) v.set("ranks", ranks);
-  if (data_seed) v.set("data_seed", static_cast<int64_t>(*data_seed));
-  if (!unused_outputs.empty()) v.set("unused_outputs", json::Value::array_of(unused_outputs));
+  v["options"] = {{"transpose_src", options.transpose_src},
+                  {"transpose_dest", options.transpose_dest},
+                  {"preserve_batch", options.preserve_batch}};
+  v["dtype"] = dtype;
+  if (ranks) v["ranks"] = ranks;
+  if (data_seed) v["data_seed"] = *data_seed;
+  if (!unused_outputs.empty()) v["unused_outputs"] = unused_outputs;
   return v;
 }
+
+std::string Case::repro() const { return json::dump(to_json()); }
 
 int Case::world_size_needed() const {
   int n = 0;

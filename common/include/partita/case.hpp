@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "partita/json.hpp"
+#include <nlohmann/json_fwd.hpp>
+
 #include "partita/options.hpp"
 #include "partita/shape.hpp"
 
@@ -52,10 +53,14 @@ struct Case {
   // zero. The primitive's backward must still run there (it is collective).
   Ranks unused_outputs;
 
-  static Case from_json(const json::Value& v);  // throws partita::Error
-  static Case parse(const std::string& text) { return from_json(json::parse(text)); }
-  json::Value to_json() const;
-  std::string repro() const { return to_json().dump(); }
+  // Every field of a case file is read in one table in case.cpp (name, what
+  // is expected, how it is read). These throw CaseError naming `source` (the
+  // file), the field and what was expected.
+  static Case from_json(const nlohmann::ordered_json& v, const std::string& source = "case");
+  static Case parse(const std::string& text, const std::string& source = "case");
+  static Case load(const std::string& path);  // parse(contents of path, path)
+  nlohmann::ordered_json to_json() const;
+  std::string repro() const;  // to_json() on one line
 
   int world_size_needed() const;
   // The shape of world rank `worker`'s input; {0} for a worker outside P_x.

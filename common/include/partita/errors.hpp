@@ -34,6 +34,13 @@ struct DeadlineError : Error {
   using Error::Error;
 };
 
+// A case file (or case JSON) that is not valid JSON, or whose fields have the
+// wrong type or value. The message names the file, the field and what was
+// expected; `partita run` exits 2 for it (a conformance failure exits 1).
+struct CaseError : Error {
+  using Error::Error;
+};
+
 // An MPI call returned an error code.
 struct MpiError : Error {
   MpiError(const std::string& what, int code) : Error(what), code(code) {}

@@ -1,68 +1,40 @@
-// A small JSON value: enough for case files, `partita explain --json` and
-// benchmark records. Objects keep their keys in insertion order so output is
-// stable and diffable.
+// JSON in partita is nlohmann::json (Debian's nlohmann-json3-dev), in its
+// ordered flavour: objects keep their keys in insertion order, so what
+// partita writes (explain --json, repro lines, perf results, conformance
+// reports) is stable and diffable. This header adds only what the library
+// does not do the way partita needs:
+// - parse errors as partita::Error naming the source (file) and position;
+// - a one-line dump with ", " and ": " separators (the format of the
+//   explain golden files and the repro lines);
+// - Google Benchmark's bare NaN / Infinity (see parse_benchmark).
 #pragma once
 
-#include <cstdint>
-#include <map>
-#include <memory>
 #include <string>
-#include <utility>
-#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace partita::json {
 
-class Value {
- public:
-  enum class Kind { Null, Bool, Int, Double, String, Array, Object };
-  using Array = std::vector<Value>;
-  using Object = std::vector<std::pair<std::string, Value>>;
+using Value = nlohmann::ordered_json;
 
-  Value() = default;
-  Value(std::nullptr_t) {}
-  Value(bool b) : kind_(Kind::Bool), b_(b) {}
-  Value(int v) : kind_(Kind::Int), i_(v) {}
-  Value(int64_t v) : kind_(Kind::Int), i_(v) {}
-  Value(double v) : kind_(Kind::Double), d_(v) {}
-  Value(const char* s) : kind_(Kind::String), s_(s) {}
-  Value(std::string s) : kind_(Kind::String), s_(std::move(s)) {}
-  Value(Array a) : kind_(Kind::Array), a_(std::move(a)) {}
-  Value(Object o) : kind_(Kind::Object), o_(std::move(o)) {}
-  template <typename T>
-  static Value array_of(const std::vector<T>& values) {
-    Array a;
-    for (const auto& v : values) a.emplace_back(static_cast<int64_t>(v));
-    return Value(std::move(a));
-  }
+// Strict RFC 8259 parse. Throws partita::Error "SOURCE: not valid JSON: parse
+// error at line L, column C: ..." on malformed text (truncation, trailing
+// garbage, `4-2`, ...).
+Value parse(const std::string& text, const std::string& source = "json");
 
-  Kind kind() const { return kind_; }
-  bool is_null() const { return kind_ == Kind::Null; }
-  bool as_bool() const;
-  int64_t as_int() const;
-  double as_double() const;
-  const std::string& as_string() const;
-  const Array& as_array() const;
-  const Object& as_object() const;
-  std::vector<int64_t> as_int_list() const;
+// Google Benchmark's JSON writer prints non-finite doubles bare (nan, -nan,
+// NaN, inf, -inf, Infinity, -Infinity), which no JSON parser accepts. This
+// pre-pass rewrites each such token outside strings as the string "NaN",
+// "Infinity" or "-Infinity" and then parses strictly; to_double() reads
+// those strings back as the doubles.
+Value parse_benchmark(const std::string& text, const std::string& source = "benchmark json");
 
-  bool contains(const std::string& key) const;
-  const Value& operator[](const std::string& key) const;  // throws if absent
-  Value& set(const std::string& key, Value v);            // object only
-  void push_back(Value v);                                // array only
+// A number, or one of the strings the pre-pass writes, or null (what
+// nlohmann writes for a non-finite double), as a double (null: NaN).
+// Throws partita::Error otherwise.
+double to_double(const Value& v);
 
-  std::string dump() const;  // compact, one line
-
- private:
-  Kind kind_ = Kind::Null;
-  bool b_ = false;
-  int64_t i_ = 0;
-  double d_ = 0;
-  std::string s_;
-  Array a_;
-  Object o_;
-};
-
-// Throws partita::Error with the position on malformed input.
-Value parse(const std::string& text);
+// Compact one line with ", " and ": " separators.
+std::string dump(const Value& v);
 
 }  // namespace partita::json
