@@ -1,0 +1,161 @@
+// partita::nn::DistributedLinear and its four relatives — seed 002's
+// distributed affine layers y = W x + b as torch::nn modules, each a
+// composition of partita's own primitives (Broadcast, SumReduce, AllGather,
+// ReduceScatter). docs/linear.md has the layouts, the rules the seed leaves
+// open and how each is decided.
+//
+// Adjoints are not written here: every step is a primitive whose autograd
+// function states its own adjoint, and the local GEMM is torch's. So
+//  - DistributedLinear: broadcast x down the columns of P_W, local linear
+//    (bias on column 0), sum-reduce the rows of P_W into P_y (transposed).
+//    Adjoint: broadcast dy along the rows, local adjoint, sum-reduce dx
+//    into P_x; dW and db stay where W and b live.
+//  - DistributedLinearAllGather: all-gather x along the model-parallel
+//    axis, broadcast W_m (and b_m) from the first data-parallel copy to the
+//    others, local linear. Adjoint: reduce-scatter of dx, sum-reduce of dW
+//    and db onto the stored copy (not an all-reduce of gradients).
+//  - DistributedLinearReduceScatter: broadcast W_m (and b_m), local linear,
+//    add b_m into the m-th slice of the output features, reduce-scatter
+//    along the model-parallel axis. Adjoint: all-gather dy, local adjoint,
+//    sum-reduce dW and db.
+//  - ...Zero: W and b sharded over data-parallel axis 0 as well; the forward
+//    all-gathers the shard into the local block, whose adjoint is the
+//    reduce-scatter of dW back to the shards.
+//
+// Construction is collective over the world (every rank builds the layer,
+// as in DistDL); a call is collective over the layer's workers, and ranks
+// outside return a clone of their (zero-volume) input. Bad arguments raise
+// PartitionError and bad inputs ShapeError on every rank of the layer.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include "partita/mpi/partition.hpp"
+
+namespace partita::nn {
+
+struct LinearOptions {
+  bool bias = true;
+  at::ScalarType dtype = at::kFloat;
+};
+
+namespace detail {
+struct LinearLayout;
+}
+
+// What the five layers share: the block of the global W and b each rank
+// owns, and the conversions to and from one torch::nn::Linear.
+class DistributedLinearBase : public torch::nn::Module {
+ public:
+  int64_t in_features() const;
+  int64_t out_features() const;
+  bool has_bias() const;
+
+  // The local parameters: this rank's block of W ([rows, cols]) and of b,
+  // undefined on ranks that own none (they are registered as parameters
+  // only where they exist).
+  const at::Tensor& local_weight() const { return weight_; }
+  const at::Tensor& local_bias() const { return bias_; }
+  // Where they sit in the global W and b: {row0, rows, col0, cols} and
+  // {start, length}; zero lengths where the rank owns none.
+  std::array<int64_t, 4> weight_block() const;
+  std::array<int64_t, 2> bias_block() const;
+
+  // The global layer, assembled from every owner's block: collective over
+  // the layer's workers, returned on each of them; nullptr elsewhere.
+  torch::nn::Linear gather_parameters() const;
+  // Copies each rank's block out of `global` (the same layer on every rank;
+  // no communication but the agreement that it fits). Collective over the
+  // layer's workers; a no-op elsewhere.
+  void scatter_parameters(const torch::nn::Linear& global);
+
+ protected:
+  void init_parameters(std::shared_ptr<const detail::LinearLayout> layout);
+  // Throws ShapeError on every worker of the layer unless each passed an
+  // x that fits (`local_error` empty); one small allreduce.
+  void agree_on_input(const std::string& local_error) const;
+  std::string check_x(const at::Tensor& x, bool holds, int64_t dims, int64_t features) const;
+
+  std::shared_ptr<const detail::LinearLayout> layout_;
+  at::Tensor weight_, bias_;
+};
+
+class DistributedLinearImpl : public DistributedLinearBase {
+ public:
+  // P_x 1 x P_fin, P_y 1 x P_fout, P_W P_fout x P_fin (seed 002).
+  DistributedLinearImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+                        const mpi::Partition& P_W, int64_t in_features, int64_t out_features,
+                        LinearOptions options = {});
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  struct Parts;
+  std::shared_ptr<Parts> p_;
+};
+TORCH_MODULE(DistributedLinear);
+
+// P_y: D x ... x 1 x M, holds y (and x when P_x is null). P_x (optional):
+// D x ... x M x 1 on the same workers, x split along the tokens.
+class DistributedLinearAllGatherImpl : public DistributedLinearBase {
+ public:
+  DistributedLinearAllGatherImpl(const mpi::Partition& P_y, int64_t in_features,
+                                 int64_t out_features, LinearOptions options = {},
+                                 const mpi::Partition& P_x = {});
+  torch::Tensor forward(const torch::Tensor& x);
+
+ protected:
+  DistributedLinearAllGatherImpl(bool zero, const mpi::Partition& P_y, int64_t in_features,
+                                 int64_t out_features, LinearOptions options,
+                                 const mpi::Partition& P_x);
+
+ private:
+  struct Parts;
+  std::shared_ptr<Parts> p_;
+};
+TORCH_MODULE(DistributedLinearAllGather);
+
+// W additionally sharded over data-parallel axis 0 (ZeRO-3).
+class DistributedLinearAllGatherZeroImpl : public DistributedLinearAllGatherImpl {
+ public:
+  DistributedLinearAllGatherZeroImpl(const mpi::Partition& P_y, int64_t in_features,
+                                     int64_t out_features, LinearOptions options = {},
+                                     const mpi::Partition& P_x = {});
+};
+TORCH_MODULE(DistributedLinearAllGatherZero);
+
+// P_x: D x ... x 1 x M, holds x (and y when P_y is null). P_y (optional):
+// D x ... x M x 1 on the same workers, y split along the tokens.
+class DistributedLinearReduceScatterImpl : public DistributedLinearBase {
+ public:
+  DistributedLinearReduceScatterImpl(const mpi::Partition& P_x, int64_t in_features,
+                                     int64_t out_features, LinearOptions options = {},
+                                     const mpi::Partition& P_y = {});
+  torch::Tensor forward(const torch::Tensor& x);
+
+ protected:
+  DistributedLinearReduceScatterImpl(bool zero, const mpi::Partition& P_x, int64_t in_features,
+                                     int64_t out_features, LinearOptions options,
+                                     const mpi::Partition& P_y);
+
+ private:
+  struct Parts;
+  std::shared_ptr<Parts> p_;
+};
+TORCH_MODULE(DistributedLinearReduceScatter);
+
+class DistributedLinearReduceScatterZeroImpl : public DistributedLinearReduceScatterImpl {
+ public:
+  DistributedLinearReduceScatterZeroImpl(const mpi::Partition& P_x, int64_t in_features,
+                                         int64_t out_features, LinearOptions options = {},
+                                         const mpi::Partition& P_y = {});
+};
+TORCH_MODULE(DistributedLinearReduceScatterZero);
+
+}  // namespace partita::nn

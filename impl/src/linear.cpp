@@ -1,0 +1,550 @@
+#include "partita/nn/linear.hpp"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "detail/agreement.hpp"
+#include "partita/errors.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/nn/all_gather.hpp"
+#include "partita/nn/broadcast.hpp"
+#include "partita/nn/sum_reduce.hpp"
+
+namespace partita::nn {
+
+namespace detail {
+
+// Which block of the global W ([out, in]) and b ([out]) this rank owns, and
+// over which workers the layer agrees and gathers.
+struct LinearLayout {
+  std::string name;
+  int64_t in = 0, out = 0;
+  bool bias = true;
+  at::ScalarType dtype = at::kFloat;
+  mpi::Partition P_layer;   // every worker taking part in a call
+  mpi::Partition P_params;  // every owner of a block (gather/scatter)
+  bool owns_weight = false, owns_bias = false;
+  int64_t w_r0 = 0, w_rn = 0, w_c0 = 0, w_cn = 0, b0 = 0, bn = 0;
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::LinearLayout;
+
+std::string dtype_name(at::ScalarType t) { return c10::toString(t); }
+
+// The Cartesian partition of the given world ranks (collective over the world).
+mpi::CartesianPartition cartesian_of(const Ranks& world_ranks, const Shape& shape) {
+  return mpi::Partition::world().create_partition_inclusive(world_ranks).create_cartesian_topology_partition(
+      shape);
+}
+
+// World ranks of the workers of P whose index satisfies `keep`, in P order.
+template <typename Keep>
+Ranks workers_where(const mpi::Partition& P, Keep keep) {
+  Ranks out;
+  for (int r = 0; r < P.size(); ++r)
+    if (keep(unravel(r, P.shape()))) out.push_back(P.workers()[r]);
+  return out;
+}
+
+bool leading_zero(const Index& i) {  // every data-parallel coordinate is 0
+  for (size_t k = 0; k + 2 < i.size(); ++k)
+    if (i[k] != 0) return false;
+  return true;
+}
+
+// The partition axis along which x is gathered (or y scattered): whichever of
+// the last two is not 1 (DistDL's argmax over the last two extents).
+int model_axis(const mpi::Partition& P) {
+  const int d = static_cast<int>(P.shape().size());
+  return P.shape()[d - 2] > P.shape()[d - 1] ? d - 2 : d - 1;
+}
+
+std::string describe(const mpi::Partition& P) { return P.is_null() ? "none" : P.describe(); }
+
+void require(bool ok, const std::string& name, const std::string& what) {
+  if (!ok) throw PartitionError(name + ": " + what);
+}
+
+// The constructor's checks run on every rank and their outcome is agreed
+// over the world, so either every rank builds the layer or every rank throws.
+template <typename Body>
+void checked_construction(const std::string& name, int64_t in, int64_t out, const LinearOptions& o,
+                          const std::vector<const mpi::Partition*>& parts, Body&& body) {
+  mpi::detail::Fingerprint f;
+  f.add(name);
+  f.add(in);
+  f.add(out);
+  f.add(static_cast<int64_t>(o.bias));
+  f.add(static_cast<int64_t>(o.dtype));
+  for (const auto* P : parts) {
+    f.add(P->workers());
+    f.add(P->shape());
+  }
+  mpi::detail::checked(mpi::world_comm(), name.c_str(), f, body);
+}
+
+at::Tensor nothing(at::ScalarType t) { return at::zeros({0}, at::TensorOptions().dtype(t)); }
+
+// The j-th of n balanced pieces of [0, total): {start, length}.
+std::pair<int64_t, int64_t> piece(int64_t total, int64_t n, int64_t j) {
+  return {local_start(total, n, j), local_length(total, n, j)};
+}
+
+}  // namespace
+
+// --- DistributedLinearBase ---------------------------------------------------
+
+int64_t DistributedLinearBase::in_features() const { return layout_->in; }
+int64_t DistributedLinearBase::out_features() const { return layout_->out; }
+bool DistributedLinearBase::has_bias() const { return layout_->bias; }
+std::array<int64_t, 4> DistributedLinearBase::weight_block() const {
+  const auto& l = *layout_;
+  if (!l.owns_weight) return {0, 0, 0, 0};
+  return {l.w_r0, l.w_rn, l.w_c0, l.w_cn};
+}
+std::array<int64_t, 2> DistributedLinearBase::bias_block() const {
+  const auto& l = *layout_;
+  if (!l.owns_bias) return {0, 0};
+  return {l.b0, l.bn};
+}
+
+void DistributedLinearBase::init_parameters(std::shared_ptr<const LinearLayout> layout) {
+  layout_ = std::move(layout);
+  const auto& l = *layout_;
+  // torch::nn::Linear's distribution (kaiming_uniform with a = sqrt(5) is
+  // U(-1/sqrt(in), 1/sqrt(in)); the bias uses the same bound), drawn per block.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(l.in));
+  const auto opts = at::TensorOptions().dtype(l.dtype);
+  if (l.owns_weight)
+    weight_ = register_parameter("weight", at::empty({l.w_rn, l.w_cn}, opts).uniform_(-bound, bound));
+  if (l.owns_bias) bias_ = register_parameter("bias", at::empty({l.bn}, opts).uniform_(-bound, bound));
+}
+
+std::string DistributedLinearBase::check_x(const at::Tensor& x, bool holds, int64_t dims,
+                                           int64_t features) const {
+  const auto& l = *layout_;
+  const std::string shape = shape_string(Shape(x.sizes().begin(), x.sizes().end()));
+  if (!holds) return x.numel() == 0 ? "" : "passed x of shape " + shape + " but holds no part of x";
+  if (dims > 0 && x.dim() != dims)
+    return "x of shape " + shape + " has " + std::to_string(x.dim()) + " dimensions, the partition " +
+           std::to_string(dims);
+  if (x.dim() < 1 || x.size(-1) != features)
+    return "x of shape " + shape + " should have " + std::to_string(features) +
+           " features in its last dimension (in_features " + std::to_string(l.in) + ")";
+  if (x.scalar_type() != l.dtype)
+    return "x has dtype " + dtype_name(x.scalar_type()) + ", the layer " + dtype_name(l.dtype);
+  return "";
+}
+
+void DistributedLinearBase::agree_on_input(const std::string& local_error) const {
+  const auto& P = layout_->P_layer;
+  if (mpi::all_true(local_error.empty(), P.comm())) return;
+  // Someone failed: every rank learns the first failing worker's reason.
+  const auto all = P.allgather_data(local_error);
+  for (size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty())
+      throw ShapeError(layout_->name + ": worker " + std::to_string(P.workers()[r]) + " " + all[r]);
+}
+
+torch::nn::Linear DistributedLinearBase::gather_parameters() const {
+  const auto& l = *layout_;
+  if (!l.P_params.active()) return torch::nn::Linear(nullptr);
+  // Each worker sends its block's coordinates and values (in double: every
+  // supported dtype converts to it and back exactly).
+  std::vector<double> mine = {double(l.owns_weight), double(l.w_r0), double(l.w_rn), double(l.w_c0),
+                              double(l.w_cn),        double(l.owns_bias), double(l.b0), double(l.bn)};
+  auto append = [&](const at::Tensor& t) {
+    const at::Tensor d = t.detach().to(at::kDouble).contiguous();
+    mine.insert(mine.end(), d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+  };
+  if (l.owns_weight) append(weight_);
+  if (l.owns_bias) append(bias_);
+  const auto all = l.P_params.allgather_data(mpi::pack(mine));
+  at::Tensor W = at::zeros({l.out, l.in}, at::kDouble), b = at::zeros({l.out}, at::kDouble);
+  for (const auto& bytes : all) {
+    const auto v = mpi::unpack<double>(bytes);
+    const auto i = [&](size_t k) { return static_cast<int64_t>(v[k]); };
+    size_t at_ = 8;
+    if (v[0] != 0) {
+      const at::Tensor block = at::from_blob(const_cast<double*>(v.data() + at_), {i(2), i(4)}, at::kDouble);
+      W.slice(0, i(1), i(1) + i(2)).slice(1, i(3), i(3) + i(4)).copy_(block);
+      at_ += i(2) * i(4);
+    }
+    if (v[5] != 0)
+      b.slice(0, i(6), i(6) + i(7)).copy_(at::from_blob(const_cast<double*>(v.data() + at_), {i(7)}, at::kDouble));
+  }
+  torch::nn::Linear global(torch::nn::LinearOptions(l.in, l.out).bias(l.bias));
+  global->to(l.dtype);
+  torch::NoGradGuard no_grad;
+  global->weight.copy_(W);
+  if (l.bias) global->bias.copy_(b);
+  return global;
+}
+
+void DistributedLinearBase::scatter_parameters(const torch::nn::Linear& global) {
+  const auto& l = *layout_;
+  if (!l.P_params.active()) return;
+  std::string error;
+  if (global.is_empty())
+    error = "no layer given";
+  else if (global->options.in_features() != l.in || global->options.out_features() != l.out ||
+           global->options.bias() != l.bias)
+    error = "got torch::nn::Linear(" + std::to_string(global->options.in_features()) + ", " +
+            std::to_string(global->options.out_features()) + ", bias " +
+            (global->options.bias() ? "on" : "off") + "), the layer is (" + std::to_string(l.in) + ", " +
+            std::to_string(l.out) + ", bias " + (l.bias ? "on" : "off") + ")";
+  if (!mpi::all_true(error.empty(), l.P_params.comm()))
+    throw ShapeError(l.name + ".scatter_parameters: " + (error.empty() ? "another worker's layer does not fit" : error));
+  torch::NoGradGuard no_grad;
+  if (l.owns_weight)
+    weight_.copy_(global->weight.slice(0, l.w_r0, l.w_r0 + l.w_rn).slice(1, l.w_c0, l.w_c0 + l.w_cn));
+  if (l.owns_bias) bias_.copy_(global->bias.slice(0, l.b0, l.b0 + l.bn));
+}
+
+// --- DistributedLinear (general) ---------------------------------------------
+
+struct DistributedLinearImpl::Parts {
+  mpi::Partition P_x, P_y, P_W;
+  Broadcast broadcast_x{nullptr};
+  SumReduce sum_reduce_y{nullptr};
+};
+
+DistributedLinearImpl::DistributedLinearImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+                                             const mpi::Partition& P_W, int64_t in_features,
+                                             int64_t out_features, LinearOptions o)
+    : p_(std::make_shared<Parts>()) {
+  auto l = std::make_shared<LinearLayout>();
+  l->name = "DistributedLinear";
+  checked_construction(l->name, in_features, out_features, o, {&P_x, &P_y, &P_W}, [&] {
+    const auto shape_is = [](const mpi::Partition& P, int64_t a, int64_t b) {
+      return !P.is_null() && P.cartesian() && P.shape() == Shape{a, b};
+    };
+    require(P_W.cartesian() && P_W.shape().size() == 2, l->name,
+            "P_W must be a 2-D Cartesian partition P_fout x P_fin, got " + describe(P_W));
+    const int64_t fout = P_W.shape()[0], fin = P_W.shape()[1];
+    require(shape_is(P_x, 1, fin), l->name,
+            "P_x must be 1 x P_fin = 1 x " + std::to_string(fin) + " (P_W is " + describe(P_W) + "), got " +
+                describe(P_x));
+    require(shape_is(P_y, 1, fout), l->name,
+            "P_y must be 1 x P_fout = 1 x " + std::to_string(fout) + " (P_W is " + describe(P_W) + "), got " +
+                describe(P_y));
+    require(in_features >= fin && out_features >= fout, l->name,
+            "in_features " + std::to_string(in_features) + " and out_features " + std::to_string(out_features) +
+                " must be at least P_fin " + std::to_string(fin) + " and P_fout " + std::to_string(fout));
+  });
+  p_->P_x = P_x;
+  p_->P_y = P_y;
+  p_->P_W = P_W;
+  p_->broadcast_x = Broadcast(P_x, P_W);
+  // P_W's rows are the output blocks: with P_W read transposed (P_fin x
+  // P_fout), P_y (1 x P_fout) matches its last dimension, and each row of
+  // P_W sums into the P_y worker of the same output block (seed 002's note).
+  Options reduce;
+  reduce.transpose_src = true;
+  p_->sum_reduce_y = SumReduce(P_W, P_y, reduce);
+  l->in = in_features;
+  l->out = out_features;
+  l->bias = o.bias;
+  l->dtype = o.dtype;
+  l->P_layer = P_x.create_partition_union(P_W).create_partition_union(P_y);
+  l->P_params = P_W;
+  if (P_W.active()) {
+    const Index i = P_W.index();
+    const int64_t fout = P_W.shape()[0], fin = P_W.shape()[1];
+    l->owns_weight = true;
+    std::tie(l->w_r0, l->w_rn) = piece(out_features, fout, i[0]);
+    std::tie(l->w_c0, l->w_cn) = piece(in_features, fin, i[1]);
+    // The bias lives on column 0 of P_W only, so the row sum adds it once.
+    l->owns_bias = o.bias && i[1] == 0;
+    l->b0 = l->w_r0;
+    l->bn = l->w_rn;
+  }
+  init_parameters(l);
+}
+
+torch::Tensor DistributedLinearImpl::forward(const torch::Tensor& x) {
+  const auto& l = *layout_;
+  if (!l.P_layer.active()) return x.clone();
+  const int64_t fin = p_->P_W.shape()[1];
+  const int64_t j = p_->P_x.active() ? p_->P_x.index()[1] : 0;
+  agree_on_input(check_x(x, p_->P_x.active(), -1, local_length(l.in, fin, j)));
+  const at::Tensor xb = p_->broadcast_x(x);
+  const at::Tensor partial = p_->P_W.active() ? at::linear(xb, weight_, bias_) : xb;
+  return p_->sum_reduce_y(partial);
+}
+
+// --- DistributedLinearAllGather (and Zero) --------------------------------------
+
+struct DistributedLinearAllGatherImpl::Parts {
+  bool zero = false;
+  mpi::Partition P_y, P_x;
+  Broadcast broadcast_w{nullptr};          // standard data parallelism
+  AllGather gather_w{nullptr}, gather_b{nullptr};  // ZeRO-3
+  AllGather gather_x{nullptr};
+  bool separate = false;
+};
+
+DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(const mpi::Partition& P_y,
+                                                               int64_t in_features,
+                                                               int64_t out_features,
+                                                               LinearOptions options,
+                                                               const mpi::Partition& P_x)
+    : DistributedLinearAllGatherImpl(false, P_y, in_features, out_features, options, P_x) {}
+
+DistributedLinearAllGatherZeroImpl::DistributedLinearAllGatherZeroImpl(const mpi::Partition& P_y,
+                                                                       int64_t in_features,
+                                                                       int64_t out_features,
+                                                                       LinearOptions options,
+                                                                       const mpi::Partition& P_x)
+    : DistributedLinearAllGatherImpl(true, P_y, in_features, out_features, options, P_x) {}
+
+DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const mpi::Partition& P_y,
+                                                               int64_t in, int64_t out,
+                                                               LinearOptions o,
+                                                               const mpi::Partition& P_x_given)
+    : p_(std::make_shared<Parts>()) {
+  auto l = std::make_shared<LinearLayout>();
+  l->name = zero ? "DistributedLinearAllGatherZero" : "DistributedLinearAllGather";
+  const mpi::Partition& P_x = P_x_given.is_null() ? P_y : P_x_given;
+  checked_construction(l->name, in, out, o, {&P_y, &P_x}, [&] {
+    const size_t d = P_y.shape().size();
+    require(!P_y.is_null() && P_y.cartesian() && d >= 2 && P_y.shape()[d - 2] == 1, l->name,
+            "P_y must be a Cartesian partition D x ... x 1 x M, got " + describe(P_y));
+    if (!P_x_given.is_null()) {
+      Shape want = P_y.shape();
+      std::swap(want[d - 1], want[d - 2]);
+      require(P_x.cartesian() && P_x.shape() == want && P_x.workers() == P_y.workers(), l->name,
+              "P_x must be P_y's workers as " + shape_string(want) + " (x split along the tokens), got " +
+                  describe(P_x) + " with P_y " + describe(P_y));
+    }
+    const int64_t M = P_y.shape()[d - 1];
+    require(out >= M && in >= 1, l->name,
+            "out_features " + std::to_string(out) + " must be at least M = " + std::to_string(M));
+    if (zero) {
+      require(d >= 3, l->name, "the fully-sharded layer needs a data-parallel axis (P_y of 3 or more dimensions), got " + describe(P_y));
+      for (size_t k = 1; k + 2 < d; ++k)
+        require(P_y.shape()[k] == 1, l->name,
+                "the fully-sharded layer shards over data-parallel axis 0 only; P_y " + describe(P_y) +
+                    " splits axis " + std::to_string(k));
+      const int64_t D = P_y.shape()[0];
+      require(in >= D && local_length(out, M, M - 1) >= D, l->name,
+              "every shard must be non-empty: in_features " + std::to_string(in) + " and out_features / M (" +
+                  std::to_string(out) + " / " + std::to_string(M) + ") must be at least D = " + std::to_string(D));
+    }
+  });
+  const size_t d = P_y.shape().size();
+  const int64_t M = P_y.shape()[d - 1];
+  p_->zero = zero;
+  p_->P_y = P_y;
+  p_->P_x = P_x;
+  p_->separate = !P_x_given.is_null();
+  // W is applied on P_y's workers read as D x ... x M x 1: worker (.., 0, m)
+  // of P_y holds output block m.
+  Shape apply_shape = P_y.shape();
+  std::swap(apply_shape[d - 1], apply_shape[d - 2]);
+  const auto P_apply = cartesian_of(P_y.workers(), apply_shape);
+  if (zero) {
+    // Shards of W_m along its input features and of b_m, over axis 0.
+    p_->gather_w = AllGather(P_apply, 0, 1);
+    p_->gather_b = AllGather(P_apply, 0, 0);
+  } else {
+    // Stored on the first data-parallel copy (1 x ... x M x 1), broadcast to
+    // the others in the forward; the adjoint sums the copies' gradients.
+    Shape store_shape(d, 1);
+    store_shape[d - 2] = M;
+    const auto P_store = cartesian_of(workers_where(P_y, leading_zero), store_shape);
+    p_->broadcast_w = Broadcast(P_store, P_apply);
+  }
+  const int axis = model_axis(P_x);
+  p_->gather_x = AllGather(P_x, axis, axis);
+  l->in = in;
+  l->out = out;
+  l->bias = o.bias;
+  l->dtype = o.dtype;
+  l->P_layer = P_y;
+  l->P_params = P_y;
+  if (P_y.active()) {
+    const Index i = P_y.index();
+    const int64_t m = i[d - 1];
+    const auto [r0, rn] = piece(out, M, m);
+    if (zero) {
+      const int64_t D = P_y.shape()[0];
+      l->owns_weight = true;
+      l->w_r0 = r0;
+      l->w_rn = rn;
+      std::tie(l->w_c0, l->w_cn) = piece(in, D, i[0]);
+      l->owns_bias = o.bias;
+      const auto [s, n] = piece(rn, D, i[0]);
+      l->b0 = r0 + s;
+      l->bn = n;
+    } else if (leading_zero(i)) {
+      l->owns_weight = true;
+      l->w_r0 = r0;
+      l->w_rn = rn;
+      l->w_c0 = 0;
+      l->w_cn = in;
+      l->owns_bias = o.bias;
+      l->b0 = r0;
+      l->bn = rn;
+    }
+  }
+  init_parameters(l);
+}
+
+torch::Tensor DistributedLinearAllGatherImpl::forward(const torch::Tensor& x) {
+  const auto& l = *layout_;
+  if (!p_->P_y.active()) return x.clone();
+  const int64_t d = static_cast<int64_t>(p_->P_y.shape().size());
+  const int64_t M = p_->P_y.shape()[d - 1];
+  const int64_t m = p_->P_y.index()[d - 1];
+  agree_on_input(check_x(x, true, d, p_->separate ? l.in : local_length(l.in, M, m)));
+  const at::Tensor xg = p_->gather_x(x);
+  at::Tensor W, b;
+  if (p_->zero) {
+    W = p_->gather_w(weight_);
+    if (l.bias) b = p_->gather_b(bias_);
+  } else {
+    W = p_->broadcast_w(l.owns_weight ? weight_ : nothing(l.dtype));
+    if (l.bias) b = p_->broadcast_w(l.owns_bias ? bias_ : nothing(l.dtype));
+  }
+  return at::linear(xg, W, b);
+}
+
+// --- DistributedLinearReduceScatter (and Zero) ----------------------------------
+
+struct DistributedLinearReduceScatterImpl::Parts {
+  bool zero = false;
+  mpi::Partition P_x, P_y;
+  Broadcast broadcast_w{nullptr};
+  AllGather gather_w{nullptr}, gather_b{nullptr};
+  ReduceScatter scatter_y{nullptr};
+};
+
+DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(const mpi::Partition& P_x,
+                                                                       int64_t in_features,
+                                                                       int64_t out_features,
+                                                                       LinearOptions options,
+                                                                       const mpi::Partition& P_y)
+    : DistributedLinearReduceScatterImpl(false, P_x, in_features, out_features, options, P_y) {}
+
+DistributedLinearReduceScatterZeroImpl::DistributedLinearReduceScatterZeroImpl(
+    const mpi::Partition& P_x, int64_t in_features, int64_t out_features, LinearOptions options,
+    const mpi::Partition& P_y)
+    : DistributedLinearReduceScatterImpl(true, P_x, in_features, out_features, options, P_y) {}
+
+DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero, const mpi::Partition& P_x,
+                                                                       int64_t in, int64_t out,
+                                                                       LinearOptions o,
+                                                                       const mpi::Partition& P_y_given)
+    : p_(std::make_shared<Parts>()) {
+  auto l = std::make_shared<LinearLayout>();
+  l->name = zero ? "DistributedLinearReduceScatterZero" : "DistributedLinearReduceScatter";
+  const mpi::Partition& P_y = P_y_given.is_null() ? P_x : P_y_given;
+  checked_construction(l->name, in, out, o, {&P_x, &P_y}, [&] {
+    const size_t d = P_x.shape().size();
+    require(!P_x.is_null() && P_x.cartesian() && d >= 2 && P_x.shape()[d - 2] == 1, l->name,
+            "P_x must be a Cartesian partition D x ... x 1 x M, got " + describe(P_x));
+    if (!P_y_given.is_null()) {
+      Shape want = P_x.shape();
+      std::swap(want[d - 1], want[d - 2]);
+      require(P_y.cartesian() && P_y.shape() == want && P_y.workers() == P_x.workers(), l->name,
+              "P_y must be P_x's workers as " + shape_string(want) + " (y split along the tokens), got " +
+                  describe(P_y) + " with P_x " + describe(P_x));
+    }
+    const int64_t M = P_x.shape()[d - 1];
+    require(in >= M && out >= M, l->name,
+            "in_features " + std::to_string(in) + " and out_features " + std::to_string(out) +
+                " must be at least M = " + std::to_string(M));
+    if (zero) {
+      require(d >= 3, l->name, "the fully-sharded layer needs a data-parallel axis (P_x of 3 or more dimensions), got " + describe(P_x));
+      for (size_t k = 1; k + 2 < d; ++k)
+        require(P_x.shape()[k] == 1, l->name,
+                "the fully-sharded layer shards over data-parallel axis 0 only; P_x " + describe(P_x) +
+                    " splits axis " + std::to_string(k));
+      const int64_t D = P_x.shape()[0];
+      require(out >= D && (!o.bias || local_length(out, M, M - 1) >= D), l->name,
+              "every shard must be non-empty: out_features " + std::to_string(out) +
+                  (o.bias ? " / M = " + std::to_string(M) : std::string()) + " must be at least D = " +
+                  std::to_string(D));
+    }
+  });
+  const size_t d = P_x.shape().size();
+  const int64_t M = P_x.shape()[d - 1];
+  p_->zero = zero;
+  p_->P_x = P_x;
+  p_->P_y = P_y;
+  if (zero) {
+    // Shards of W_m along its output features and of b_m, over axis 0.
+    p_->gather_w = AllGather(P_x, 0, 0);
+    p_->gather_b = AllGather(P_x, 0, 0);
+  } else {
+    Shape store_shape(d, 1);
+    store_shape[d - 1] = M;
+    const auto P_store = cartesian_of(workers_where(P_x, leading_zero), store_shape);
+    p_->broadcast_w = Broadcast(P_store, P_x);
+  }
+  const int axis = model_axis(P_y);
+  p_->scatter_y = ReduceScatter(P_y, axis, axis);
+  l->in = in;
+  l->out = out;
+  l->bias = o.bias;
+  l->dtype = o.dtype;
+  l->P_layer = P_x;
+  l->P_params = P_x;
+  if (P_x.active()) {
+    const Index i = P_x.index();
+    const int64_t m = i[d - 1];
+    const auto [c0, cn] = piece(in, M, m);
+    const auto [o0, on] = piece(out, M, m);  // the bias block of worker m
+    if (zero) {
+      const int64_t D = P_x.shape()[0];
+      l->owns_weight = true;
+      std::tie(l->w_r0, l->w_rn) = piece(out, D, i[0]);
+      l->w_c0 = c0;
+      l->w_cn = cn;
+      l->owns_bias = o.bias;
+      const auto [s, n] = piece(on, D, i[0]);
+      l->b0 = o0 + s;
+      l->bn = n;
+    } else if (leading_zero(i)) {
+      l->owns_weight = true;
+      l->w_r0 = 0;
+      l->w_rn = out;
+      l->w_c0 = c0;
+      l->w_cn = cn;
+      l->owns_bias = o.bias;
+      l->b0 = o0;
+      l->bn = on;
+    }
+  }
+  init_parameters(l);
+}
+
+torch::Tensor DistributedLinearReduceScatterImpl::forward(const torch::Tensor& x) {
+  const auto& l = *layout_;
+  if (!p_->P_x.active()) return x.clone();
+  const int64_t d = static_cast<int64_t>(p_->P_x.shape().size());
+  const int64_t M = p_->P_x.shape()[d - 1];
+  const int64_t m = p_->P_x.index()[d - 1];
+  agree_on_input(check_x(x, true, d, local_length(l.in, M, m)));
+  const at::Tensor W = p_->zero ? p_->gather_w(weight_)
+                                : p_->broadcast_w(l.owns_weight ? weight_ : nothing(l.dtype));
+  at::Tensor partial = at::linear(x, W);
+  if (l.bias) {
+    // b is split over the model-parallel workers (seed 002): worker m adds
+    // its block into its slice of the output features, so the reduction
+    // counts every entry of b once, whichever way y is then scattered.
+    const at::Tensor bm = p_->zero ? p_->gather_b(bias_)
+                                   : p_->broadcast_w(l.owns_bias ? bias_ : nothing(l.dtype));
+    const int64_t start = local_start(l.out, M, m);
+    partial = partial + at::constant_pad_nd(bm, {start, l.out - start - bm.size(0)});
+  }
+  return p_->scatter_y(partial);
+}
+
+}  // namespace partita::nn
