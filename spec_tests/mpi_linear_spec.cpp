@@ -201,6 +201,10 @@ class MpiLinear : public ::testing::TestWithParam<Config> {
     torch::set_num_threads(1);
     if (mpi::world_size() < GetParam().need)
       GTEST_SKIP() << "needs " << GetParam().need << " ranks, running at " << mpi::world_size();
+    // Above 4 ranks (oversubscribed, slow) only the seed's examples of that
+    // size run; the small cases ran at 1, 2 and 4 (CI's time budget).
+    if (mpi::world_size() > 4 && GetParam().need != mpi::world_size())
+      GTEST_SKIP() << "runs at " << GetParam().need << " ranks (its own size)";
   }
 };
 
