@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "partita/errors.hpp"
+#include "partita/mpi/poll.hpp"
 
 namespace partita::mpi {
 
@@ -105,14 +106,14 @@ void renew_world() {
 namespace {
 // The one waiting loop: test, and under the yield policy give the core away
 // between tests; the deadline and the watchdog check the clock every 1024
-// polls.
-void poll(int n, MPI_Request* requests, const char* what) {
+// polls. `counts` says whether a missed deadline abandons operations (and so
+// is counted in deadline_misses()).
+template <typename Test>
+void poll_until(Test&& done, const char* what, bool counts) {
   const auto start = std::chrono::steady_clock::now();
   unsigned polls = 0;
   for (;;) {
-    int done = 0;
-    PARTITA_MPI_CHECK(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE));
-    if (done) return;
+    if (done()) return;
     if (g_policy == WaitPolicy::Yield) sched_yield();
     if ((g_timeout > 0 || g_deadline > 0) && (++polls & 1023u) == 0) {
       const double waited = std::chrono::duration<double>(
@@ -121,7 +122,7 @@ void poll(int n, MPI_Request* requests, const char* what) {
         // The requests are abandoned, not cancelled (MPI forbids cancelling
         // a collective): they stay on the communicator renew_world()
         // retires, where nothing new is posted that could match them.
-        ++g_deadline_misses;
+        if (counts) ++g_deadline_misses;
         char text[160];
         std::snprintf(text, sizeof text, "%.1f s (PARTITA_DEADLINE)", g_deadline);
         throw DeadlineError("partita: rank " + std::to_string(g_rank) + ": " + what +
@@ -132,7 +133,21 @@ void poll(int n, MPI_Request* requests, const char* what) {
     }
   }
 }
+
+void poll(int n, MPI_Request* requests, const char* what) {
+  poll_until(
+      [&] {
+        int done = 0;
+        PARTITA_MPI_CHECK(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE));
+        return done != 0;
+      },
+      what, true);
+}
 }  // namespace
+
+void wait_until(const std::function<bool()>& ready, const char* what) {
+  poll_until(ready, what, false);
+}
 
 void wait_all(std::vector<MPI_Request>& requests, const char* what) {
   if (!requests.empty()) poll(static_cast<int>(requests.size()), requests.data(), what);

@@ -1,0 +1,16 @@
+// The MPI communicators behind partita::smp's groups, for code built on smp
+// (the pipeline of issue 14). Valid until the next smp::init.
+#pragma once
+
+#include <mpi.h>
+
+#include "partita/smp/layout.hpp"
+
+namespace partita::smp {
+
+// WORLD: smp's own duplicate of MPI_COMM_WORLD (its ranks are world ranks);
+// MP_GROUP / DP_GROUP: this rank's group, ranks in group-rank order.
+// Throws UsageError before init.
+MPI_Comm communicator(CommGroup group);
+
+}  // namespace partita::smp

@@ -1,0 +1,183 @@
+// smp's configuration (JSON, file, environment) and its rank layout: pure
+// code, no MPI, no LibTorch.
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "partita/json.hpp"
+#include "partita/smp.hpp"
+
+namespace partita::smp {
+
+namespace {
+
+constexpr const char* kPipelines[] = {"interleaved", "simple"};
+
+[[noreturn]] void field_error(const std::string& source, const std::string& field, const std::string& expected,
+                              const json::Value& got) {
+  throw ConfigError(source + ": field \"" + field + "\": expected " + expected + ", got " + json::dump(got));
+}
+
+int positive(const std::string& source, const char* field, const json::Value& v) {
+  if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (1 << 30))
+    field_error(source, field, "a positive integer", v);
+  return static_cast<int>(v.get<int64_t>());
+}
+
+}  // namespace
+
+const char* name(CommGroup group) {
+  switch (group) {
+    case CommGroup::WORLD: return "WORLD";
+    case CommGroup::MP_GROUP: return "MP_GROUP";
+    case CommGroup::DP_GROUP: return "DP_GROUP";
+  }
+  return "an unknown CommGroup";
+}
+
+const char* name(RankType type) {
+  switch (type) {
+    case RankType::WORLD_RANK: return "WORLD_RANK";
+    case RankType::MP_RANK: return "MP_RANK";
+    case RankType::DP_RANK: return "DP_RANK";
+  }
+  return "an unknown RankType";
+}
+
+Config Config::from_json(const std::string& text, const std::string& source) {
+  json::Value doc;
+  try {
+    doc = json::parse(text, source);
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
+  if (!doc.is_object())
+    throw ConfigError(source + ": expected an object {\"partitions\": N, \"microbatches\": M, "
+                               "\"pipeline\": \"interleaved\"|\"simple\", \"ddp\": true|false}, got " +
+                      json::dump(doc));
+  Config c;
+  for (const auto& [key, v] : doc.items()) {
+    if (key == "partitions") {
+      c.partitions = positive(source, "partitions", v);
+    } else if (key == "microbatches") {
+      c.microbatches = positive(source, "microbatches", v);
+    } else if (key == "pipeline") {
+      if (!v.is_string()) field_error(source, "pipeline", "\"interleaved\" or \"simple\"", v);
+      c.pipeline = v.get<std::string>();
+      bool known = false;
+      for (const char* p : kPipelines) known = known || c.pipeline == p;
+      if (!known) field_error(source, "pipeline", "\"interleaved\" or \"simple\"", v);
+    } else if (key == "ddp") {
+      if (!v.is_boolean()) field_error(source, "ddp", "a boolean", v);
+      c.ddp = v.get<bool>();
+    } else {
+      throw ConfigError(source + ": field \"" + key +
+                        "\": unknown (expected partitions, microbatches, pipeline, ddp)");
+    }
+  }
+  return c;
+}
+
+Config Config::from_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot open the smp configuration file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return from_json(text.str(), path);
+}
+
+Config Config::from_environment() {
+  const char* v = std::getenv(kConfigVariable);
+  if (!v) return Config{};
+  return from_json(v, std::string("$") + kConfigVariable);
+}
+
+std::string Config::to_json() const {
+  json::Value doc;
+  doc["partitions"] = partitions;
+  doc["microbatches"] = microbatches;
+  doc["pipeline"] = pipeline;
+  doc["ddp"] = ddp;
+  return json::dump(doc);
+}
+
+void Config::validate(int world_size) const {
+  const std::string what = "smp configuration " + to_json() + " on " + std::to_string(world_size) + " processes: ";
+  if (partitions < 1) throw ConfigError(what + "partitions must be at least 1");
+  if (microbatches < 1) throw ConfigError(what + "microbatches must be at least 1");
+  bool known = false;
+  for (const char* p : kPipelines) known = known || pipeline == p;
+  if (!known) throw ConfigError(what + "unknown pipeline \"" + pipeline + "\" (expected interleaved or simple)");
+  if (world_size % partitions != 0)
+    throw ConfigError(what + "the world of " + std::to_string(world_size) + " processes is not divisible into " +
+                      std::to_string(partitions) + " partitions");
+  if (!ddp && world_size != partitions)
+    throw ConfigError(what + "with ddp off the world must be exactly the " + std::to_string(partitions) +
+                      " partitions (dp_size " + std::to_string(world_size / partitions) + " needs ddp on)");
+}
+
+Layout::Layout(int size, int mp_size) : size_(size), mp_size_(mp_size) {
+  if (size < 1 || mp_size < 1 || size % mp_size != 0)
+    throw ConfigError("smp layout: " + std::to_string(size) + " processes cannot hold model replicas of " +
+                      std::to_string(mp_size) + " partitions");
+}
+
+RankPlace Layout::place(int rank) const {
+  if (rank < 0 || rank >= size_)
+    throw UsageError("smp layout: rank " + std::to_string(rank) + " is not in a world of " + std::to_string(size_));
+  RankPlace p;
+  p.rank = rank;
+  p.mp_rank = rank % mp_size_;
+  p.dp_rank = rank / mp_size_;
+  p.mp_group = members(rank, CommGroup::MP_GROUP);
+  p.dp_group = members(rank, CommGroup::DP_GROUP);
+  return p;
+}
+
+int Layout::world_rank(int from, int rank, RankType type) const {
+  const int mp_rank = from % mp_size_, dp_rank = from / mp_size_;
+  auto check = [&](int n) {
+    if (rank < 0 || rank >= n)
+      throw UsageError("smp: " + std::string(name(type)) + " " + std::to_string(rank) + " does not exist (" +
+                       (type == RankType::WORLD_RANK ? "the world has " : type == RankType::MP_RANK
+                                                                              ? "the mp group has "
+                                                                              : "the dp group has ") +
+                       std::to_string(n) + " ranks)");
+  };
+  switch (type) {
+    case RankType::WORLD_RANK: check(size_); return rank;
+    case RankType::MP_RANK: check(mp_size_); return dp_rank * mp_size_ + rank;
+    case RankType::DP_RANK: check(dp_size()); return rank * mp_size_ + mp_rank;
+  }
+  throw UsageError("smp: unknown RankType " + std::to_string(static_cast<int>(type)));
+}
+
+std::vector<int> Layout::members(int from, CommGroup group) const {
+  std::vector<int> out;
+  switch (group) {
+    case CommGroup::WORLD:
+      for (int r = 0; r < size_; ++r) out.push_back(r);
+      return out;
+    case CommGroup::MP_GROUP:
+      for (int i = 0; i < mp_size_; ++i) out.push_back(from / mp_size_ * mp_size_ + i);
+      return out;
+    case CommGroup::DP_GROUP:
+      for (int i = 0; i < dp_size(); ++i) out.push_back(i * mp_size_ + from % mp_size_);
+      return out;
+  }
+  throw UsageError("smp: unknown CommGroup " + std::to_string(static_cast<int>(group)));
+}
+
+std::vector<std::vector<int>> Layout::mp_groups() const {
+  std::vector<std::vector<int>> out;
+  for (int d = 0; d < dp_size(); ++d) out.push_back(members(d * mp_size_, CommGroup::MP_GROUP));
+  return out;
+}
+
+std::vector<std::vector<int>> Layout::dp_groups() const {
+  std::vector<std::vector<int>> out;
+  for (int m = 0; m < mp_size_; ++m) out.push_back(members(m, CommGroup::DP_GROUP));
+  return out;
+}
+
+}  // namespace partita::smp

@@ -1,0 +1,287 @@
+// smp's runtime: init (agreed by every rank), the group communicators, the
+// rank queries, and the transport of frames. No LibTorch here: objects.cpp
+// turns IValues into frames.
+//
+// Transport (docs/smp.md): every object message goes over smp's own
+// duplicate of MPI_COMM_WORLD with one tag, addressed by world rank, so a
+// recv_from matches a send or a broadcast whatever rank type either side
+// named the other by. send and broadcast use MPI_Issend, complete only once
+// the receiver has matched the message: the seed's synchronous semantics.
+// recv_from probes (MPI_Improbe) under the waiting policy, learns the size,
+// and receives exactly that message (MPI_Imrecv).
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "partita/mpi/poll.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/smp.hpp"
+#include "partita/smp/communicators.hpp"
+
+namespace partita::smp {
+
+namespace {
+
+constexpr int kObjectTag = 4004;
+
+struct State {
+  bool initialized = false;
+  Config config;
+  std::unique_ptr<Layout> layout;
+  int rank = 0, size = 1, local_rank = 0, local_size = 1;
+  MPI_Comm world = MPI_COMM_NULL, mp = MPI_COMM_NULL, dp = MPI_COMM_NULL;
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+const State& ready(const char* call) {
+  const State& s = state();
+  if (!s.initialized)
+    throw UsageError(std::string("smp::") + call + ": smp is not initialised; call smp::init first");
+  return s;
+}
+
+void free_comm(MPI_Comm& c) {
+  if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+  c = MPI_COMM_NULL;
+}
+
+std::string where() { return "on world rank " + std::to_string(state().rank); }
+
+// A deadline left these sends unmatched: take them back so that a later
+// recv_from cannot receive a message its sender gave up on.
+void cancel_sends(std::vector<MPI_Request>& requests) {
+  for (auto& r : requests) {
+    if (r == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&r);
+    MPI_Request_free(&r);
+  }
+}
+
+void issend_all(const detail::Frame& frame, const std::vector<int>& dests, const std::string& what) {
+  const State& s = state();
+  std::vector<MPI_Request> requests;
+  for (int d : dests) {
+    MPI_Request r;
+    PARTITA_MPI_CHECK(MPI_Issend(frame.data(), static_cast<int>(frame.size()), MPI_BYTE, d, kObjectTag,
+                                 s.world, &r));
+    requests.push_back(r);
+  }
+  try {
+    mpi::wait_all(requests, what.c_str());
+  } catch (const DeadlineError&) {
+    cancel_sends(requests);
+    throw;
+  }
+}
+
+}  // namespace
+
+void init(const Config& config) {
+  int mpi_ready = 0;
+  MPI_Initialized(&mpi_ready);
+  if (!mpi_ready)
+    throw UsageError("smp::init: MPI is not initialised; create a partita::mpi::Environment first");
+  const MPI_Comm agree = mpi::world_comm();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(agree, &rank);
+  MPI_Comm_size(agree, &size);
+
+  // Every rank checks its own configuration, then all compare: a bad or
+  // differing configuration raises on every rank, never on one alone.
+  std::string mine;
+  try {
+    config.validate(size);
+    mine = "ok " + config.to_json();
+  } catch (const ConfigError& e) {
+    mine = std::string("error ") + e.what();
+  }
+  const auto all = mpi::allgather_strings(mine, agree);
+  for (int r = 0; r < size; ++r)
+    if (all[r].rfind("error ", 0) == 0)
+      throw ConfigError("smp::init: rank " + std::to_string(r) + ": " + all[r].substr(6));
+  for (int r = 1; r < size; ++r)
+    if (all[r] != all[0])
+      throw ConfigError("smp::init: the ranks disagree about the configuration: rank 0 has " + all[0].substr(3) +
+                        ", rank " + std::to_string(r) + " has " + all[r].substr(3));
+
+  State& s = state();
+  free_comm(s.mp);
+  free_comm(s.dp);
+  free_comm(s.world);
+  s.initialized = false;
+  s.config = config;
+  s.layout = std::make_unique<Layout>(size, config.partitions);
+  s.rank = rank;
+  s.size = size;
+  // Communicator creation blocks inside MPICH (no yielding variant of
+  // MPI_Comm_split): done once here, never per call.
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Comm_idup(MPI_COMM_WORLD, &s.world, &req));
+  mpi::wait(req, "smp::init (duplicating MPI_COMM_WORLD)");
+  MPI_Comm_set_errhandler(s.world, MPI_ERRORS_RETURN);
+  const RankPlace p = s.layout->place(rank);
+  PARTITA_MPI_CHECK(MPI_Comm_split(s.world, p.dp_rank, p.mp_rank, &s.mp));
+  PARTITA_MPI_CHECK(MPI_Comm_split(s.world, p.mp_rank, p.dp_rank, &s.dp));
+  MPI_Comm local = MPI_COMM_NULL;
+  PARTITA_MPI_CHECK(MPI_Comm_split_type(s.world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
+  MPI_Comm_rank(local, &s.local_rank);
+  MPI_Comm_size(local, &s.local_size);
+  MPI_Comm_free(&local);
+  MPI_Comm_set_errhandler(s.mp, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(s.dp, MPI_ERRORS_RETURN);
+  s.initialized = true;
+}
+
+void init_from_file(const std::string& path) {
+  // A file one rank cannot read is an error on every rank: read, then agree.
+  Config c;
+  std::string error;
+  try {
+    c = Config::from_json_file(path);
+  } catch (const ConfigError& e) {
+    error = e.what();
+  }
+  const auto all = mpi::allgather_strings(error, mpi::world_comm());
+  for (size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty()) throw ConfigError("smp::init: rank " + std::to_string(r) + ": " + all[r]);
+  init(c);
+}
+
+void init() {
+  Config c;
+  std::string error;
+  try {
+    c = Config::from_environment();
+  } catch (const ConfigError& e) {
+    error = e.what();
+  }
+  const auto all = mpi::allgather_strings(error, mpi::world_comm());
+  for (size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty()) throw ConfigError("smp::init: rank " + std::to_string(r) + ": " + all[r]);
+  init(c);
+}
+
+bool initialized() { return state().initialized; }
+const Config& config() { return ready("config").config; }
+const Layout& layout() { return *ready("layout").layout; }
+
+int rank() { return ready("rank").rank; }
+int size() { return ready("size").size; }
+int mp_rank() { return ready("mp_rank").rank % state().layout->mp_size(); }
+int mp_size() { return ready("mp_size").layout->mp_size(); }
+int dp_rank() { return ready("dp_rank").rank / state().layout->mp_size(); }
+int dp_size() { return ready("dp_size").layout->dp_size(); }
+int local_rank() { return ready("local_rank").local_rank; }
+int local_size() { return ready("local_size").local_size; }
+std::vector<int> get_mp_group() { return ready("get_mp_group").layout->members(state().rank, CommGroup::MP_GROUP); }
+std::vector<int> get_dp_group() { return ready("get_dp_group").layout->members(state().rank, CommGroup::DP_GROUP); }
+
+MPI_Comm communicator(CommGroup group) {
+  const State& s = ready("communicator");
+  switch (group) {
+    case CommGroup::WORLD: return s.world;
+    case CommGroup::MP_GROUP: return s.mp;
+    case CommGroup::DP_GROUP: return s.dp;
+  }
+  throw UsageError("smp::communicator: unknown CommGroup " + std::to_string(static_cast<int>(group)));
+}
+
+void barrier(CommGroup group) {
+  const MPI_Comm comm = communicator(group);
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Ibarrier(comm, &req));
+  const std::string what = std::string("smp::barrier(") + name(group) + ") " + where();
+  mpi::wait(req, what.c_str());
+}
+void mp_barrier() { barrier(CommGroup::MP_GROUP); }
+void dp_barrier() { barrier(CommGroup::DP_GROUP); }
+
+namespace detail {
+
+void broadcast_frame(const Frame& frame, CommGroup group) {
+  const State& s = ready("broadcast");
+  std::vector<int> dests;
+  for (int r : s.layout->members(s.rank, group))
+    if (r != s.rank) dests.push_back(r);
+  issend_all(frame, dests,
+             std::string("smp::broadcast(") + name(group) + ") " + where() + ", waiting for the recv_from of world ranks " +
+                 [&] {
+                   std::string l;
+                   for (int d : dests) l += (l.empty() ? "" : ",") + std::to_string(d);
+                   return l;
+                 }());
+}
+
+void send_frame(const Frame& frame, int dest_rank, RankType rank_type) {
+  const State& s = ready("send");
+  const int dest = s.layout->world_rank(s.rank, dest_rank, rank_type);
+  const std::string call = "smp::send(dest " + std::to_string(dest_rank) + ", " + name(rank_type) + ") " + where();
+  if (dest == s.rank)
+    throw UsageError(call + ": the destination is this rank itself (a synchronous send to oneself never returns)");
+  issend_all(frame, {dest}, call + ", waiting for the recv_from of world rank " + std::to_string(dest));
+}
+
+Frame recv_frame(int src_rank, RankType rank_type, std::string* context) {
+  const State& s = ready("recv_from");
+  const int src = s.layout->world_rank(s.rank, src_rank, rank_type);
+  const std::string call = "smp::recv_from(src " + std::to_string(src_rank) + ", " + name(rank_type) + ") " + where();
+  if (context) *context = call + " from world rank " + std::to_string(src);
+  if (src == s.rank)
+    throw UsageError(call + ": the source is this rank itself (nothing can be sent to oneself)");
+  MPI_Message message = MPI_MESSAGE_NULL;
+  MPI_Status status;
+  const std::string what = call + ", waiting for a send or broadcast from world rank " + std::to_string(src);
+  mpi::wait_until(
+      [&] {
+        int found = 0;
+        PARTITA_MPI_CHECK(MPI_Improbe(src, kObjectTag, s.world, &found, &message, &status));
+        return found != 0;
+      },
+      what.c_str());
+  int count = 0;
+  PARTITA_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
+  Frame frame(static_cast<size_t>(count), '\0');
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Imrecv(frame.data(), count, MPI_BYTE, &message, &req));
+  mpi::wait(req, what.c_str());
+  return frame;
+}
+
+std::vector<Frame> allgather_frames(const Frame& frame, CommGroup group, std::string* context) {
+  const State& s = ready("allgather");
+  const MPI_Comm comm = communicator(group);
+  const std::string call = std::string("smp::allgather(") + name(group) + ") " + where();
+  if (context) *context = call;
+  int n = 0;
+  MPI_Comm_size(comm, &n);
+  int len = static_cast<int>(frame.size());
+  std::vector<int> lens(n), offsets(n, 0);
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm, &req));
+  mpi::wait(req, call.c_str());
+  long long total = 0;
+  for (int r = 0; r < n; ++r) {
+    if (r) offsets[r] = offsets[r - 1] + lens[r - 1];
+    total += lens[r];
+    if (total > 0x7fffffffLL)  // every member sees the same lengths: all raise
+      throw MessageError(call + ": the members' objects add up to more than 2 GiB");
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  PARTITA_MPI_CHECK(MPI_Iallgatherv(frame.data(), len, MPI_BYTE, all.data(), lens.data(), offsets.data(),
+                                    MPI_BYTE, comm, &req));
+  mpi::wait(req, call.c_str());
+  std::vector<Frame> out;
+  for (int r = 0; r < n; ++r) out.push_back(all.substr(offsets[r], lens[r]));
+  (void)s;
+  return out;
+}
+
+}  // namespace detail
+
+}  // namespace partita::smp
