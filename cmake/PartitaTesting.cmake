@@ -26,7 +26,9 @@ function(partita_add_mpi_test name)
   endif()
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE partita_harness)
+  set(labels mpi)
   if(ARG_CONFORMANCE)
+    list(APPEND labels conformance)  # ctest -L conformance --output-junit FILE
     string(REPLACE ";" ", " ranks_json "${ARG_RANKS}")
     set_property(GLOBAL APPEND PROPERTY PARTITA_CONFORMANCE_SUITES
       "{\"name\": \"${name}\", \"binary\": \"$<TARGET_FILE:${name}>\", \"ranks\": [${ranks_json}]}")
@@ -37,7 +39,7 @@ function(partita_add_mpi_test name)
     set_tests_properties(${name}_np${n} PROPERTIES
       TIMEOUT ${ARG_TIMEOUT}
       PROCESSORS 2
-      LABELS "mpi;np${n}"
+      LABELS "${labels};np${n}"
       ENVIRONMENT "${PARTITA_STUCK_WAIT_ENV};OMP_NUM_THREADS=1;${ARG_ENV}")
   endforeach()
 endfunction()

@@ -10,26 +10,22 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <functional>
 #include <map>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "dashboard.hpp"
 #include "gate.hpp"
+#include "partita/cli.hpp"
 #include "partita/errors.hpp"
 #include "partita/shape.hpp"
 #include "results.hpp"
 
 namespace partita::perf {
 namespace {
-
-const char* kUsage =
-    "usage: partita_perf run [--ranks 1,2] [--oversubscribed] [--repetitions 5] [--min-time 0.1]\n"
-    "                        [--filter REGEX] [--out FILE] [--bench PATH] [--mpiexec PATH]\n"
-    "       partita_perf gate BASELINE.json RUN.json [--threshold 0.10] [--alpha 0.05] [--ratio-only]\n"
-    "       partita_perf dashboard (DIR | RUN.json)... --out PAGE.html\n"
-    "       partita_perf verify-dashboard DOM.html (DIR | RUN.json)...\n"
-    "       partita_perf table RUN.json\n";
 
 std::string quote(const std::string& s) {
   std::string q = "'";
@@ -65,27 +61,25 @@ std::string utc_now(const char* format) {
   return buf;
 }
 
-int run(const std::vector<std::string>& args) {
-  Ranks ranks{1, 2};
+struct RunOptions {
+  std::string ranks = "1,2";
+  bool oversubscribed = false;
   int repetitions = 5;
-  std::string min_time = "0.1", filter = ".", out, bench = PARTITA_BENCH_BINARY,
-              mpiexec = PARTITA_MPIEXEC;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw Error(args[i] + " needs a value");
-      return args[++i];
-    };
-    if (args[i] == "--ranks") ranks = parse_ranks(value());
-    else if (args[i] == "--oversubscribed") ranks.push_back(4);
-    else if (args[i] == "--repetitions") repetitions = std::stoi(value());
-    else if (args[i] == "--min-time") min_time = value();
-    else if (args[i] == "--filter") filter = value();
-    else if (args[i] == "--out") out = value();
-    else if (args[i] == "--bench") bench = value();
-    else if (args[i] == "--mpiexec") mpiexec = value();
-    else throw Error("unknown option " + args[i]);
-  }
-  if (repetitions < 1) throw Error("--repetitions must be at least 1");
+  double min_time = 0.1;
+  std::string filter = ".", out, bench = PARTITA_BENCH_BINARY, mpiexec = PARTITA_MPIEXEC;
+};
+
+int run(const RunOptions& o) {
+  Ranks ranks = parse_ranks(o.ranks);
+  if (o.oversubscribed) ranks.push_back(4);
+  const int repetitions = o.repetitions;
+  const std::string& filter = o.filter;
+  const std::string& bench = o.bench;
+  const std::string& mpiexec = o.mpiexec;
+  std::ostringstream min_time_text;
+  min_time_text << o.min_time;
+  const std::string min_time = min_time_text.str();
+  std::string out = o.out;
   Run result;
   result.commit = commit_id();
   result.date = utc_now("%Y-%m-%dT%H:%M:%SZ");
@@ -96,7 +90,7 @@ int run(const std::vector<std::string>& args) {
   settings["ranks"] = json::Value(ranks);
   settings["repetitions"] = repetitions;
   settings["repetitions_are"] = "passes over the whole suite";
-  settings["min_time"] = std::stod(min_time);
+  settings["min_time"] = o.min_time;
   settings["filter"] = filter;
   if (const char* plant = std::getenv("PARTITA_BENCH_PLANT_SLOWDOWN"))
     settings["planted_slowdown"] = std::atof(plant);
@@ -141,21 +135,7 @@ int run(const std::vector<std::string>& args) {
   return 0;
 }
 
-int gate_command(const std::vector<std::string>& args) {
-  GateOptions o;
-  std::vector<std::string> files;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto value = [&]() -> double {
-      if (i + 1 >= args.size()) throw Error(args[i] + " needs a value");
-      return std::stod(args[++i]);
-    };
-    if (args[i] == "--threshold") o.threshold = value();
-    else if (args[i] == "--alpha") o.alpha = value();
-    else if (args[i] == "--ratio-only") o.ratio_only = true;
-    else if (args[i].rfind("--", 0) == 0) throw Error("unknown option " + args[i]);
-    else files.push_back(args[i]);
-  }
-  if (files.size() != 2) throw Error("gate needs BASELINE.json and RUN.json");
+int gate_command(const std::vector<std::string>& files, const GateOptions& o) {
   const Run base = read_run(files[0]), now = read_run(files[1]);
   std::cout << "baseline " << files[0] << " (commit " << base.commit << ", " << base.date << ")\n"
             << "run      " << files[1] << " (commit " << now.commit << ", " << now.date << ")\n";
@@ -164,14 +144,7 @@ int gate_command(const std::vector<std::string>& args) {
   return r.failed ? 1 : 0;
 }
 
-int dashboard_command(const std::vector<std::string>& args) {
-  std::string out;
-  std::vector<std::string> where;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--out" && i + 1 < args.size()) out = args[++i];
-    else where.push_back(args[i]);
-  }
-  if (out.empty() || where.empty()) throw Error("dashboard needs runs and --out PAGE.html");
+int dashboard_command(const std::vector<std::string>& where, const std::string& out) {
   const auto runs = read_runs(where);
   std::ofstream f(out);
   f << dashboard_html(runs);
@@ -180,10 +153,9 @@ int dashboard_command(const std::vector<std::string>& args) {
   return 0;
 }
 
-int verify_command(const std::vector<std::string>& args) {
-  if (args.size() < 2) throw Error("verify-dashboard needs DOM.html and the runs");
-  const auto runs = read_runs(std::vector<std::string>(args.begin() + 1, args.end()));
-  const auto problems = verify_dashboard_dom(read_file(args[0]), runs);
+int verify_command(const std::string& dom, const std::vector<std::string>& where) {
+  const auto runs = read_runs(where);
+  const auto problems = verify_dashboard_dom(read_file(dom), runs);
   size_t points = 0;
   for (const auto& r : runs) points += r.benchmarks.size();
   if (!runs.empty()) points += 2 * runs.back().benchmarks.size();
@@ -195,9 +167,8 @@ int verify_command(const std::vector<std::string>& args) {
 }
 
 // The markdown table docs/benchmarks.md quotes.
-int table_command(const std::vector<std::string>& args) {
-  if (args.size() != 1) throw Error("table needs RUN.json");
-  const Run r = read_run(args[0]);
+int table_command(const std::string& file) {
+  const Run r = read_run(file);
   std::cout << "| primitive | ranks | raw MPI twin | size | partita (us) | raw MPI (us) | ratio | difference (us) |\n"
             << "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: |\n";
   char line[512];
@@ -221,23 +192,78 @@ int table_command(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   using namespace partita::perf;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty()) {
-    std::cerr << kUsage;
-    return 2;
-  }
-  const std::string cmd = args[0];
-  args.erase(args.begin());
+  CLI::App app{"partita_perf: benchmark runs, the regression gate and the dashboard"};
+  app.require_subcommand(1);
+  std::function<int()> action;
+
+  auto ro = std::make_shared<RunOptions>();
+  CLI::App* run_cmd = app.add_subcommand("run", "run the benchmarks under mpiexec into a run file");
+  run_cmd->add_option("--ranks", ro->ranks, "rank counts")->check(partita::cli::ranks_list())
+      ->capture_default_str();
+  run_cmd->add_flag("--oversubscribed", ro->oversubscribed, "also run at 4 ranks");
+  run_cmd->add_option("--repetitions", ro->repetitions, "passes over the whole suite")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
+  run_cmd->add_option("--min-time", ro->min_time, "Google Benchmark's --benchmark_min_time")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  run_cmd->add_option("--filter", ro->filter, "Google Benchmark's --benchmark_filter")
+      ->capture_default_str();
+  run_cmd->add_option("--out", ro->out, "the run file (default: perf/history/DATE_COMMIT.json)");
+  run_cmd->add_option("--bench", ro->bench, "the benchmark program")->check(CLI::ExistingFile)
+      ->capture_default_str();
+  run_cmd->add_option("--mpiexec", ro->mpiexec, "MPICH's mpiexec")->capture_default_str();
+  run_cmd->callback([ro, &action] { action = [ro] { return run(*ro); }; });
+
+  auto go = std::make_shared<GateOptions>();
+  auto gate_files = std::make_shared<std::vector<std::string>>();
+  CLI::App* gate_cmd = app.add_subcommand(
+      "gate", "compare a run with a baseline; exit status 1 on a regression");
+  gate_cmd->add_option("files", *gate_files, "BASELINE.json RUN.json")
+      ->required()->expected(2)->check(CLI::ExistingFile);
+  gate_cmd->add_option("--threshold", go->threshold, "the slowdown that counts as a regression")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  gate_cmd->add_option("--alpha", go->alpha, "the significance level of the test")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  gate_cmd->add_flag("--ratio-only", go->ratio_only, "gate on the ratio to raw MPI only");
+  gate_cmd->callback([go, gate_files, &action] {
+    action = [go, gate_files] { return gate_command(*gate_files, *go); };
+  });
+
+  auto dash_where = std::make_shared<std::vector<std::string>>();
+  auto dash_out = std::make_shared<std::string>();
+  CLI::App* dash_cmd = app.add_subcommand("dashboard", "draw the dashboard page from runs");
+  dash_cmd->add_option("runs", *dash_where, "run files or directories of them")
+      ->required()->check(CLI::ExistingPath);
+  dash_cmd->add_option("--out", *dash_out, "the page to write")->required();
+  dash_cmd->callback([dash_where, dash_out, &action] {
+    action = [dash_where, dash_out] { return dashboard_command(*dash_where, *dash_out); };
+  });
+
+  auto verify_dom = std::make_shared<std::string>();
+  auto verify_where = std::make_shared<std::vector<std::string>>();
+  CLI::App* verify_cmd = app.add_subcommand(
+      "verify-dashboard", "check a browser's DOM of the dashboard against the runs it draws");
+  verify_cmd->add_option("dom", *verify_dom, "the DOM, as the browser dumped it")
+      ->required()->check(CLI::ExistingFile);
+  verify_cmd->add_option("runs", *verify_where, "run files or directories of them")
+      ->required()->check(CLI::ExistingPath);
+  verify_cmd->callback([verify_dom, verify_where, &action] {
+    action = [verify_dom, verify_where] { return verify_command(*verify_dom, *verify_where); };
+  });
+
+  auto table_file = std::make_shared<std::string>();
+  CLI::App* table_cmd = app.add_subcommand("table", "the markdown table docs/benchmarks.md quotes");
+  table_cmd->add_option("run", *table_file, "a run file")->required()->check(CLI::ExistingFile);
+  table_cmd->callback([table_file, &action] {
+    action = [table_file] { return table_command(*table_file); };
+  });
+
+  const int parsed = partita::cli::parse(app, argc, argv);
+  if (parsed >= 0) return parsed;
   try {
-    if (cmd == "run") return run(args);
-    if (cmd == "gate") return gate_command(args);
-    if (cmd == "dashboard") return dashboard_command(args);
-    if (cmd == "verify-dashboard") return verify_command(args);
-    if (cmd == "table") return table_command(args);
-    std::cerr << kUsage;
-    return 2;
+    return action();
   } catch (const std::exception& e) {
-    std::cerr << "partita_perf " << cmd << ": " << e.what() << "\n";
+    std::cerr << "partita_perf " << app.get_subcommands().front()->get_name() << ": " << e.what()
+              << "\n";
     return 2;
   }
 }

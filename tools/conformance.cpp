@@ -9,8 +9,10 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
+#include "partita/cli.hpp"
 #include "partita/errors.hpp"
 #include "partita/json.hpp"
 #include "partita/shape.hpp"
@@ -19,17 +21,14 @@ namespace partita::tools {
 
 namespace {
 
-const char* kUsage =
-    "usage: partita conformance [--suites FILE] [--ranks 1,2,4,12] [--timeout SECONDS]\n"
-    "                           [--json FILE] [--filter GTEST_FILTER]\n"
-    "  FILE defaults to conformance_suites.json beside the partita binary (written by CMake).\n";
-
 struct Row {
   std::string suite;
   int ranks = 0;
   int passed = 0, failed = 0, skipped = 0;
   double seconds = 0;
   std::string status, note;
+  std::string command;  // what reruns this row (the repro line)
+  std::string log;      // the run's output, when it failed
 };
 
 std::string dirname_of(const std::string& path) {
@@ -63,28 +62,96 @@ void count(const json::Value& report, Row& row) {
     }
 }
 
-}  // namespace
+void write_or_throw(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+  if (!f) throw Error("cannot write " + path);
+}
 
-int conformance(const std::vector<std::string>& args, const std::string& argv0) {
-  std::string suites_file = dirname_of(argv0) + "/conformance_suites.json";
-  std::string json_out, filter;
-  std::vector<int> only_ranks;
-  int timeout = 900;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw Error(args[i] + " needs a value");
-      return args[++i];
-    };
-    if (args[i] == "--suites") suites_file = value();
-    else if (args[i] == "--ranks") only_ranks = parse_ranks(value());
-    else if (args[i] == "--timeout") timeout = std::stoi(value());
-    else if (args[i] == "--json") json_out = value();
-    else if (args[i] == "--filter") filter = value();
-    else {
-      std::cerr << kUsage;
-      return 2;
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      case '\n': case '\t': out += static_cast<char>(c); break;
+      default:
+        // XML 1.0 allows no other control characters, even escaped.
+        if (c >= 0x20) out += static_cast<char>(c);
     }
   }
+  return out;
+}
+
+// JUnit XML as Jenkins, GitLab and GitHub's test reporters read it: one
+// <testsuite> per conformance suite, one <testcase> per rank count (named
+// "np<N>"), a <failure> carrying the command that reruns it and the run's
+// output, <skipped> for UNIMPLEMENTED suites and runs in which every test
+// skipped.
+std::string junit_xml(const std::vector<Row>& rows) {
+  std::vector<std::string> suites;
+  for (const auto& r : rows)
+    if (std::find(suites.begin(), suites.end(), r.suite) == suites.end()) suites.push_back(r.suite);
+  int total = 0, failures = 0, skipped = 0;
+  double seconds = 0;
+  std::ostringstream body;
+  body << std::fixed << std::setprecision(3);
+  for (const auto& name : suites) {
+    int n = 0, f = 0, k = 0;
+    double t = 0;
+    std::ostringstream cases;
+    cases << std::fixed << std::setprecision(3);
+    for (const auto& r : rows) {
+      if (r.suite != name) continue;
+      ++n;
+      t += r.seconds;
+      const std::string id = r.ranks ? "np" + std::to_string(r.ranks) : "unimplemented";
+      cases << "    <testcase classname=\"partita.conformance." << xml_escape(name) << "\" name=\""
+            << id << "\" time=\"" << r.seconds << "\"";
+      if (r.status == "FAILED") {
+        ++f;
+        const std::string message =
+            std::to_string(r.failed) + " failed at " + std::to_string(r.ranks) + " ranks" +
+            (r.note.empty() ? "" : " (" + r.note + ")") + "; rerun: " + r.command;
+        cases << ">\n      <failure message=\"" << xml_escape(message) << "\" type=\"conformance\">"
+              << xml_escape("rerun: " + r.command + "\n\n" + r.log) << "</failure>\n    </testcase>\n";
+      } else if (r.status == "SKIPPED" || r.status == "UNIMPLEMENTED") {
+        ++k;
+        cases << ">\n      <skipped message=\"" << xml_escape(r.note.empty() ? r.status : r.note)
+              << "\"/>\n    </testcase>\n";
+      } else {
+        cases << "/>\n";
+      }
+    }
+    total += n;
+    failures += f;
+    skipped += k;
+    seconds += t;
+    body << "  <testsuite name=\"" << xml_escape(name) << "\" tests=\"" << n << "\" failures=\"" << f
+         << "\" errors=\"0\" skipped=\"" << k << "\" time=\"" << t << "\">\n"
+         << cases.str() << "  </testsuite>\n";
+  }
+  std::ostringstream doc;
+  doc << std::fixed << std::setprecision(3) << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      << "<testsuites name=\"partita conformance\" tests=\"" << total << "\" failures=\"" << failures
+      << "\" errors=\"0\" skipped=\"" << skipped << "\" time=\"" << seconds << "\">\n"
+      << body.str() << "</testsuites>\n";
+  return doc.str();
+}
+
+struct Options {
+  std::string suites_file, ranks, json_out, junit_out, filter;
+  int timeout = 900;
+};
+
+int conformance(const Options& opt) {
+  const std::string& suites_file = opt.suites_file;
+  const std::string& filter = opt.filter;
+  const int timeout = opt.timeout;
+  const std::vector<int> only_ranks = opt.ranks.empty() ? std::vector<int>{} : parse_ranks(opt.ranks);
   const json::Value manifest = json::parse(read_file(suites_file), suites_file);
   const std::string mpiexec = manifest.at("mpiexec").get<std::string>();
   std::vector<Row> rows;
@@ -92,21 +159,29 @@ int conformance(const std::vector<std::string>& args, const std::string& argv0) 
   for (const auto& s : manifest.at("suites")) {
     const std::string name = s.at("name").get<std::string>();
     if (s.contains("unimplemented")) {
-      rows.push_back({name, 0, 0, 0, 0, 0, "UNIMPLEMENTED", s.at("unimplemented").get<std::string>()});
+      Row row;
+      row.suite = name;
+      row.status = "UNIMPLEMENTED";
+      row.note = s.at("unimplemented").get<std::string>();
+      rows.push_back(row);
       continue;
     }
     for (const auto n : s.at("ranks").get<std::vector<int64_t>>()) {
       if (!only_ranks.empty() &&
           std::find(only_ranks.begin(), only_ranks.end(), n) == only_ranks.end())
         continue;
-      Row row{name, static_cast<int>(n)};
+      Row row;
+      row.suite = name;
+      row.ranks = static_cast<int>(n);
       std::remove(tmp.c_str());
+      std::ostringstream repro;
+      repro << shell_quote(mpiexec) << " -n " << n << " "
+            << shell_quote(s.at("binary").get<std::string>());
+      if (!filter.empty()) repro << " --gtest_filter=" << shell_quote(filter);
+      row.command = repro.str();
       std::ostringstream cmd;
       cmd << "PARTITA_WAIT_TIMEOUT=" << std::max(10, timeout - 30) << " timeout -k 10 " << timeout
-          << " " << shell_quote(mpiexec) << " -n " << n << " "
-          << shell_quote(s.at("binary").get<std::string>()) << " --gtest_output=json:" << tmp;
-      if (!filter.empty()) cmd << " --gtest_filter=" << shell_quote(filter);
-      cmd << " > " << tmp << ".log 2>&1";
+          << " " << row.command << " --gtest_output=json:" << tmp << " > " << tmp << ".log 2>&1";
       std::cout << "running " << name << " at " << n << " ranks ..." << std::flush;
       const auto t0 = std::chrono::steady_clock::now();
       const int rc = std::system(cmd.str().c_str());
@@ -125,7 +200,12 @@ int conformance(const std::vector<std::string>& args, const std::string& argv0) 
       if ((code != 0 || !reported) && row.failed == 0) row.failed = 1;
       row.status = row.failed ? "FAILED" : row.passed ? "PASSED" : "SKIPPED";
       if (row.failed) {
-        std::cout << " FAILED; its output:\n" << read_file(tmp + ".log") << "\n";
+        try {
+          row.log = read_file(tmp + ".log");
+        } catch (const Error&) {
+          row.log = "(no output)";
+        }
+        std::cout << " FAILED; its output:\n" << row.log << "\n";
       } else {
         std::cout << " " << row.status << "\n";
       }
@@ -160,10 +240,35 @@ int conformance(const std::vector<std::string>& args, const std::string& argv0) 
     if (!r.note.empty()) j["note"] = r.note;
     out.push_back(j);
   }
-  if (!json_out.empty()) std::ofstream(json_out) << json::dump(out) << "\n";
+  if (!opt.json_out.empty()) write_or_throw(opt.json_out, json::dump(out) + "\n");
+  if (!opt.junit_out.empty()) write_or_throw(opt.junit_out, junit_xml(rows));
   std::cout << (failed ? "CONFORMANCE FAILED" : "CONFORMANCE PASSED") << " (" << rows.size()
             << " rows, " << failed << " failed)\n";
   return failed ? 1 : 0;
+}
+
+}  // namespace
+
+void add_conformance(CLI::App& app, std::function<int()>& action, const std::string& argv0) {
+  auto o = std::make_shared<Options>();
+  o->suites_file = dirname_of(argv0) + "/conformance_suites.json";
+  CLI::App* c = app.add_subcommand(
+      "conformance", "run the conformance suites under mpiexec at their rank counts and print the "
+                     "summary table (exit status 1 when anything FAILED)");
+  c->add_option("--suites", o->suites_file,
+                "the suites to run (default: conformance_suites.json beside this program, "
+                "written by CMake)")
+      ->check(CLI::ExistingFile);
+  c->add_option("--ranks", o->ranks, "run only these rank counts, e.g. 1,2,4")
+      ->check(cli::ranks_list());
+  c->add_option("--timeout", o->timeout, "seconds before one suite at one rank count is killed")
+      ->check(CLI::Range(10, 86400))
+      ->capture_default_str();
+  c->add_option("--json", o->json_out, "also write the summary as JSON to FILE");
+  c->add_option("--junit", o->junit_out,
+                "also write a JUnit XML report to FILE (one testcase per suite and rank count)");
+  c->add_option("--filter", o->filter, "a GoogleTest filter passed to every suite");
+  c->callback([o, &action] { action = [o] { return conformance(*o); }; });
 }
 
 }  // namespace partita::tools

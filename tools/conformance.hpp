@@ -1,13 +1,19 @@
 #pragma once
 
+#include <functional>
 #include <string>
-#include <vector>
+
+namespace CLI {
+class App;
+}
 
 namespace partita::tools {
 
 // `partita conformance`: runs every conformance suite under mpiexec at its
 // rank counts and prints a summary table (PASSED / FAILED / SKIPPED /
-// UNIMPLEMENTED). Exit status 1 when anything FAILED.
-int conformance(const std::vector<std::string>& args, const std::string& argv0);
+// UNIMPLEMENTED), optionally as JSON (--json) and JUnit XML (--junit).
+// Exit status 1 when anything FAILED. Registers the subcommand on `app`;
+// when it is given, `action` is set to run it.
+void add_conformance(CLI::App& app, std::function<int()>& action, const std::string& argv0);
 
 }  // namespace partita::tools

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <iomanip>
+#include <iostream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -9,65 +11,40 @@
 #include "partita/errors.hpp"
 #include "partita/json.hpp"
 #include "partita/reference/partition.hpp"
+#include "partita/cli.hpp"
 #include "partita/tiling.hpp"
 
 namespace partita::tools {
 
 namespace {
 
-const char* kUsage =
-    "usage: partita explain broadcast|sum-reduce --px-ranks R --px-shape S\n"
-    "                       --py-ranks R --py-shape S [--transpose-src] [--transpose-dest] [--json]\n"
-    "       partita explain all-sum-reduce --px-ranks R --px-shape S --axes A [--json]\n"
-    "       partita explain repartition --px-ranks R --px-shape S --py-ranks R --py-shape S\n"
-    "                       --global-shape G [--json]\n"
-    "  R: world ranks, e.g. 0-11 or 1,2,3;  S: a shape, e.g. 2,3,2;  A: axes, e.g. 0,2\n";
-
 struct Options {
   std::string primitive;
   Ranks px_ranks, py_ranks;
   Shape px_shape, py_shape, global_shape;
   std::vector<int> axes;
-  bool has_axes = false, transpose_src = false, transpose_dest = false, json = false;
+  bool transpose_src = false, transpose_dest = false, json = false;
 };
 
-Options parse(const std::vector<std::string>& args) {
-  if (args.empty()) throw Error("missing primitive");
+// The text options as given; turned into Options once CLI11 has checked them.
+struct Given {
+  std::string px_ranks, px_shape, py_ranks, py_shape, global_shape, axes;
+  bool transpose_src = false, transpose_dest = false, json = false;
+};
+
+Options options_of(const std::string& primitive, const Given& g) {
   Options o;
-  o.primitive = args[0];
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) throw Error(a + " needs a value");
-      return args[++i];
-    };
-    if (a == "--px-ranks") o.px_ranks = parse_ranks(value());
-    else if (a == "--py-ranks") o.py_ranks = parse_ranks(value());
-    else if (a == "--px-shape") o.px_shape = parse_shape(value());
-    else if (a == "--py-shape") o.py_shape = parse_shape(value());
-    else if (a == "--global-shape") o.global_shape = parse_shape(value());
-    else if (a == "--axes") {
-      o.has_axes = true;
-      const std::string& v = value();
-      if (!v.empty())
-        for (int r : parse_ranks(v)) o.axes.push_back(r);
-    } else if (a == "--transpose-src") o.transpose_src = true;
-    else if (a == "--transpose-dest") o.transpose_dest = true;
-    else if (a == "--json") o.json = true;
-    else throw Error("unknown option " + a);
-  }
-  if (o.px_ranks.empty() || o.px_shape.empty()) throw Error("--px-ranks and --px-shape are required");
-  if (o.primitive == "all-sum-reduce") {
-    if (!o.has_axes) throw Error("all-sum-reduce needs --axes");
-  } else if (o.primitive == "broadcast" || o.primitive == "sum-reduce" ||
-             o.primitive == "repartition") {
-    if (o.py_ranks.empty() || o.py_shape.empty())
-      throw Error(o.primitive + " needs --py-ranks and --py-shape");
-    if (o.primitive == "repartition" && o.global_shape.empty())
-      throw Error("repartition needs --global-shape");
-  } else {
-    throw Error("unknown primitive '" + o.primitive + "'");
-  }
+  o.primitive = primitive;
+  o.px_ranks = parse_ranks(g.px_ranks);
+  o.px_shape = parse_shape(g.px_shape);
+  if (!g.py_ranks.empty()) o.py_ranks = parse_ranks(g.py_ranks);
+  if (!g.py_shape.empty()) o.py_shape = parse_shape(g.py_shape);
+  if (!g.global_shape.empty()) o.global_shape = parse_shape(g.global_shape);
+  if (!g.axes.empty())  // --axes "" reduces over no dimension
+    for (int a : parse_ranks(g.axes)) o.axes.push_back(a);
+  o.transpose_src = g.transpose_src;
+  o.transpose_dest = g.transpose_dest;
+  o.json = g.json;
   return o;
 }
 
@@ -311,9 +288,10 @@ void print_repartition_json(const Options& o, const std::vector<WorkerLists>& li
 
 }  // namespace
 
-int explain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+namespace {
+
+int explain(const Options& o, std::ostream& out, std::ostream& err) {
   try {
-    const Options o = parse(args);
     if (o.primitive == "repartition") {
       const auto lists = repartition_lists(o);
       if (o.json) print_repartition_json(o, lists, out);
@@ -324,13 +302,56 @@ int explain(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (o.json) print_json(o, t, out);
     else print_text(o, t, out);
     return 0;
-  } catch (const PartitionError& e) {
+  } catch (const PartitionError& e) {  // the partitions given cannot pair
     err << "partita explain: " << e.what() << "\n";
     return 1;
-  } catch (const Error& e) {
-    err << "partita explain: " << e.what() << "\n" << kUsage;
-    return 2;
   }
+}
+
+}  // namespace
+
+void add_explain(CLI::App& app, std::function<int()>& action) {
+  CLI::App* group = app.add_subcommand(
+      "explain", "print the teams of a broadcast, sum-reduce or all-sum-reduce as seed 000 "
+                 "tabulates them, or repartition's send/receive lists (computed by the reference)");
+  group->require_subcommand(1);
+  group->footer("RANKS: world ranks, e.g. 0-11 or 1,2,3;  SHAPE: e.g. 2,3,2;  AXES: e.g. 0,2");
+  auto given = std::make_shared<Given>();
+  auto primitive = [&](const std::string& name, const std::string& what) {
+    CLI::App* c = group->add_subcommand(name, what);
+    c->add_option("--px-ranks", given->px_ranks, "world ranks of P_x")
+        ->required()
+        ->check(cli::ranks_list());
+    c->add_option("--px-shape", given->px_shape, "shape of P_x")->required()->check(cli::shape_list());
+    c->add_flag("--json", given->json, "print JSON instead of tables");
+    c->callback([c, given, &action] {
+      action = [name = c->get_name(), given] {
+        return explain(options_of(name, *given), std::cout, std::cerr);
+      };
+    });
+    return c;
+  };
+  auto partner = [&](CLI::App* c) {
+    c->add_option("--py-ranks", given->py_ranks, "world ranks of P_y")
+        ->required()
+        ->check(cli::ranks_list());
+    c->add_option("--py-shape", given->py_shape, "shape of P_y")->required()->check(cli::shape_list());
+  };
+  for (const char* name : {"broadcast", "sum-reduce"}) {
+    CLI::App* c = primitive(name, std::string(name) + " from P_x to P_y: the teams and each worker's place in them");
+    partner(c);
+    c->add_flag("--transpose-src", given->transpose_src, "P_x's shape is read reversed");
+    c->add_flag("--transpose-dest", given->transpose_dest, "P_y's shape is read reversed");
+  }
+  CLI::App* asr = primitive("all-sum-reduce", "all-sum-reduce over some of P_x's dimensions");
+  asr->add_option("--axes", given->axes, "the dimensions reduced over (may be empty: \"\")")
+      ->required()
+      ->check(cli::ranks_list() | CLI::IsMember({""}));
+  CLI::App* rep = primitive("repartition", "repartition from P_x to P_y: who sends what to whom");
+  partner(rep);
+  rep->add_option("--global-shape", given->global_shape, "the global tensor's shape")
+      ->required()
+      ->check(cli::shape_list());
 }
 
 }  // namespace partita::tools

@@ -1,13 +1,18 @@
 #pragma once
 
-#include <ostream>
-#include <string>
-#include <vector>
+#include <functional>
+
+namespace CLI {
+class App;
+}
 
 namespace partita::tools {
 
 // `partita explain PRIMITIVE [options]`: the worker tables of seed 000,
-// computed by the reference. Returns the exit status.
-int explain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+// computed by the reference. Registers the subcommand (one subcommand per
+// primitive, each with its own required options) on `app`; when it is
+// given, `action` is set to run it and return the exit status (1 when the
+// partitions cannot pair).
+void add_explain(CLI::App& app, std::function<int()>& action);
 
 }  // namespace partita::tools

@@ -1,41 +1,36 @@
-// The `partita` command: explain (worker tables from the reference) and
+// The `partita` command: explain (worker tables from the reference),
 // conformance (the conformance suites under mpiexec, with a summary table)
-// and run (one case under mpiexec, checked against the reference).
+// and run (one case under mpiexec, checked against the reference). The
+// command line is CLI11's; a usage error exits with status 2.
+#include <c10/util/Exception.h>
+
+#include <functional>
 #include <iostream>
 #include <string>
-#include <vector>
 
 #include "conformance.hpp"
 #include "explain.hpp"
+#include "partita/cli.hpp"
 #include "run.hpp"
 
-namespace {
-const char* kUsage =
-    "usage: partita <command> [args]\n"
-    "  explain PRIMITIVE ...   print the partitions of a broadcast, sum-reduce or\n"
-    "                          all-sum-reduce as seed 000 tabulates them\n"
-    "  conformance [...]       run the conformance suites at their rank counts and\n"
-    "                          print the summary table\n"
-    "  run CASE.json [--save DIR]  (under mpiexec) run one case against the\n"
-    "                          reference; one verdict line per rank\n";
-}
-
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::cout << kUsage;
-    return args.empty() ? 2 : 0;
-  }
-  const std::string cmd = args[0];
-  args.erase(args.begin());
+  CLI::App app{"partita: distributed tensor partitions and data movement, checked against a "
+               "serial reference"};
+  app.require_subcommand(1);
+  std::function<int()> action;
+  partita::tools::add_explain(app, action);
+  partita::tools::add_conformance(app, action, argv[0]);
+  partita::tools::add_run(app, action, &argc, &argv);
+  const int parsed = partita::cli::parse(app, argc, argv);
+  if (parsed >= 0) return parsed;
+  const std::string cmd = app.get_subcommands().front()->get_name();
   try {
-    if (cmd == "explain") return partita::tools::explain(args, std::cout, std::cerr);
-    if (cmd == "conformance") return partita::tools::conformance(args, argv[0]);
-    if (cmd == "run") return partita::tools::run(args, &argc, &argv);
+    return action();
+  } catch (const c10::Error& e) {
+    // LibTorch's what() carries a C++ stack trace: the user gets its message.
+    std::cerr << "partita " << cmd << ": " << e.what_without_backtrace() << "\n";
   } catch (const std::exception& e) {
     std::cerr << "partita " << cmd << ": " << e.what() << "\n";
-    return 2;
   }
-  std::cerr << "partita: unknown command '" << cmd << "'\n" << kUsage;
   return 2;
 }

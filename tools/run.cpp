@@ -5,9 +5,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 #include "case_runner.hpp"
+#include "partita/cli.hpp"
 #include "partita/errors.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
@@ -32,22 +34,7 @@ void save(const std::string& dir, int rank, const CaseOutcome& o) {
 
 std::string one_line(const std::string& what) { return what.substr(0, what.find('\n')); }
 
-}  // namespace
-
-int run(const std::vector<std::string>& args, int* argc, char*** argv) {
-  std::string file, save_dir;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--save" && i + 1 < args.size()) save_dir = args[++i];
-    else if (file.empty() && args[i].rfind("--", 0) != 0) file = args[i];
-    else {
-      std::cerr << "usage: mpiexec -n N partita run CASE.json [--save DIR]\n";
-      return 2;
-    }
-  }
-  if (file.empty()) {
-    std::cerr << "usage: mpiexec -n N partita run CASE.json [--save DIR]\n";
-    return 2;
-  }
+int run(const std::string& file, const std::string& save_dir, int* argc, char*** argv) {
   mpi::Environment env(argc, argv);
   torch::set_num_threads(1);  // one rank per core: do not fight over them
   const int rank = mpi::world_rank();
@@ -91,6 +78,23 @@ int run(const std::vector<std::string>& args, int* argc, char*** argv) {
   MPI_Comm_free(&report);
   if (!case_files_ok) return 2;
   return all_ok ? 0 : 1;
+}
+
+}  // namespace
+
+void add_run(CLI::App& app, std::function<int()>& action, int* argc, char*** argv) {
+  struct Given {
+    std::string file, save_dir;
+  };
+  auto g = std::make_shared<Given>();
+  CLI::App* c = app.add_subcommand(
+      "run", "(under mpiexec) run one case file against the reference; one verdict line per rank "
+             "(exit status 1 on a mismatch, 2 when the case file is wrong)");
+  c->add_option("case", g->file, "the case file (JSON, docs/primitives.md)")->required();
+  c->add_option("--save", g->save_dir, "write each rank's x, y and dx to DIR/rank<r>.pt");
+  c->callback([g, &action, argc, argv] {
+    action = [g, argc, argv] { return run(g->file, g->save_dir, argc, argv); };
+  });
 }
 
 }  // namespace partita::tools

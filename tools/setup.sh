@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build make libtorch-dev libmpich-dev mpich librapidcheck-dev libgtest-dev
-          libbenchmark-dev nlohmann-json3-dev libcli11-dev coreutils)
+          libbenchmark-dev nlohmann-json3-dev libcli11-dev python3 coreutils)
 if [ "${1:-}" = "--with-browser" ]; then packages+=(chromium); fi
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,28 @@
+# ctest install_consumer_np2 (issue 10): installs the build into a prefix,
+# configures and builds examples/consumer against it with nothing but
+# find_package(partita) and partita::core, and runs it at 2 ranks.
+foreach(v BUILD_DIR SOURCE_DIR WORK MPIEXEC MPI_CXX_COMPILER)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "test_consumer.cmake needs -D${v}=")
+  endif()
+endforeach()
+file(REMOVE_RECURSE ${WORK})
+function(step)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK}/prefix)
+step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/consumer -B ${WORK}/build -G Ninja
+     -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK}/prefix
+     -DMPI_CXX_COMPILER=${MPI_CXX_COMPILER})
+step(${CMAKE_COMMAND} --build ${WORK}/build)
+step(${MPIEXEC} -n 2 ${WORK}/build/app)
+message(STATUS "${step_output}")
+foreach(r 0 1)
+  if(NOT step_output MATCHES "rank ${r}: OK")
+    message(FATAL_ERROR "rank ${r} did not say OK:\n${step_output}")
+  endif()
+endforeach()
