@@ -1,0 +1,315 @@
+// The communicator's collectives: check the arguments on every rank, move
+// the data (raw.cpp), attach the adjoint (see communicator.hpp's table).
+#include <torch/csrc/autograd/variable.h>
+
+#include <numeric>
+
+#include "comm_internal.hpp"
+#include "detail/plan_check.hpp"
+#include "partita/errors.hpp"
+
+namespace partita::mpi {
+
+using namespace detail;
+
+namespace {
+
+std::string call_name(const char* call, const std::string& args) {
+  return std::string("Communicator::") + call + "(" + args + ")";
+}
+
+// Raises on every rank unless every rank passed the same dtype and shape
+// (and the same parameters p[0..1]); `what` names the call.
+void check_same(const std::vector<Record>& all, const std::string& what, const char* params) {
+  const Record& a = all[0];
+  for (size_t i = 1; i < all.size(); ++i) {
+    const Record& b = all[i];
+    if (b.dtype != a.dtype)
+      throw ShapeError(what + ": rank " + std::to_string(i) + " passes dtype " +
+                       dtype_string(static_cast<at::ScalarType>(b.dtype)) + ", rank 0 " +
+                       dtype_string(static_cast<at::ScalarType>(a.dtype)));
+    if (b.shape() != a.shape())
+      throw ShapeError(what + ": rank " + std::to_string(i) + " passes a tensor of shape " +
+                       shape_string(b.shape()) + ", rank 0 one of shape " +
+                       shape_string(a.shape()) + " (every rank's must be the same)");
+    if (b.p[0] != a.p[0] || b.p[1] != a.p[1])
+      throw ShapeError(what + ": rank " + std::to_string(i) + " passes other " + params +
+                       " than rank 0 (" + std::to_string(b.p[0]) + ", " + std::to_string(b.p[1]) +
+                       " against " + std::to_string(a.p[0]) + ", " + std::to_string(a.p[1]) + ")");
+  }
+}
+
+// Every rank's shape but along `free_axis` (-1: none) must agree with rank 0's.
+void check_shapes_but(const std::vector<Record>& all, const std::string& what, int64_t free_axis,
+                      int64_t free_axis2 = -1) {
+  const Record& a = all[0];
+  for (size_t i = 1; i < all.size(); ++i) {
+    const Record& b = all[i];
+    if (b.dtype != a.dtype)
+      throw ShapeError(what + ": rank " + std::to_string(i) + " passes dtype " +
+                       dtype_string(static_cast<at::ScalarType>(b.dtype)) + ", rank 0 " +
+                       dtype_string(static_cast<at::ScalarType>(a.dtype)));
+    bool same = b.ndim == a.ndim;
+    for (int64_t d = 0; same && d < a.ndim; ++d)
+      if (d != free_axis && d != free_axis2 && a.dims[d] != b.dims[d]) same = false;
+    if (!same)
+      throw ShapeError(what + ": rank " + std::to_string(i) + " passes a tensor of shape " +
+                       shape_string(b.shape()) + ", rank 0 one of shape " +
+                       shape_string(a.shape()) + " (they may differ only along axis " +
+                       std::to_string(free_axis) +
+                       (free_axis2 >= 0 && free_axis2 != free_axis
+                            ? " and " + std::to_string(free_axis2)
+                            : std::string()) +
+                       ")");
+    for (int k = 0; k < 4; ++k)
+      if (b.p[k] != a.p[k] && k != 3)
+        throw ShapeError(what + ": rank " + std::to_string(i) +
+                         " passes other arguments (root or axes) than rank 0");
+  }
+}
+
+std::string no_adjoint(const std::string& what, ReduceOp op) {
+  return what + ": backward is not defined for operation " + op_name(op) +
+         " (only SUM has an adjoint: MAX and MIN are not differentiable where ranks tie, "
+         "PROD's adjoint needs the other ranks' factors)";
+}
+
+// The in-place calls' buffer: the input's own storage when it is contiguous
+// (mpi4torch: the input is modified in place), without its history.
+at::Tensor inplace_buffer(const at::Tensor& t) {
+  at::NoGradGuard no_grad;
+  at::Tensor buf = t.contiguous().variable_data();
+  if (buf.data_ptr() == t.data_ptr() && t.numel() > 0) torch::autograd::impl::bump_version(t);
+  return buf;
+}
+
+}  // namespace
+
+at::Tensor Communicator::allreduce(const at::Tensor& t, ReduceOp op) const {
+  const CommState& s = state_of(s_, "allreduce");
+  const std::string what = call_name("allreduce", std::string("op ") + op_name(op));
+  Record mine = make_record(t);
+  mine.p[0] = static_cast<int64_t>(op);
+  check_op(mine, op);
+  if (checked_mode()) {
+    check_same(exchange_records(s, mine, what), what, "operations");
+  } else if (mine.status) {
+    raise_record(what, s.rank, mine);
+  }
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    out = raw_allreduce(s, t, op, what);
+  }
+  if (!op_has_adjoint(op)) return attach_error(out, t, "AllreduceBackward", no_adjoint(what, op));
+  auto state = s_;
+  return attach(out, t, "AllreduceSumBackward", [state, what](const at::Tensor& g) {
+    return raw_allreduce(*state, g, ReduceOp::kSum, what + " adjoint");
+  });
+}
+
+at::Tensor Communicator::bcast_(const at::Tensor& t, int root) const {
+  const CommState& s = state_of(s_, "bcast_");
+  const std::string what = call_name("bcast_", "root " + std::to_string(root));
+  Record mine = make_record(t);
+  mine.p[0] = root;
+  check_root(mine, root, s.size);
+  if (checked_mode()) {
+    check_same(exchange_records(s, mine, what), what, "roots");
+  } else if (mine.status) {
+    raise_record(what, s.rank, mine);
+  }
+  at::Tensor buf = inplace_buffer(t);
+  raw_bcast(s, buf, root, what);
+  auto state = s_;
+  at::Tensor out = attach(buf, t, "BcastInPlaceBackward", [state, root, what](const at::Tensor& g) {
+    at::Tensor b = g.clone(at::MemoryFormat::Contiguous);
+    raw_reduce(*state, b, ReduceOp::kSum, root, what + " adjoint");
+    return b;
+  });
+  forbid_reuse(t, what);
+  return out;
+}
+
+at::Tensor Communicator::reduce_(const at::Tensor& t, ReduceOp op, int root) const {
+  const CommState& s = state_of(s_, "reduce_");
+  const std::string what =
+      call_name("reduce_", std::string("op ") + op_name(op) + ", root " + std::to_string(root));
+  Record mine = make_record(t);
+  mine.p[0] = root;
+  mine.p[1] = static_cast<int64_t>(op);
+  check_root(mine, root, s.size);
+  check_op(mine, op);
+  if (checked_mode()) {
+    check_same(exchange_records(s, mine, what), what, "roots or operations");
+  } else if (mine.status) {
+    raise_record(what, s.rank, mine);
+  }
+  at::Tensor buf = inplace_buffer(t);
+  raw_reduce(s, buf, op, root, what);
+  at::Tensor out;
+  if (!op_has_adjoint(op)) {
+    out = attach_error(buf, t, "ReduceInPlaceBackward", no_adjoint(what, op));
+  } else {
+    auto state = s_;
+    out = attach(buf, t, "ReduceSumInPlaceBackward", [state, root, what](const at::Tensor& g) {
+      at::Tensor b = g.clone(at::MemoryFormat::Contiguous);
+      raw_bcast(*state, b, root, what + " adjoint");
+      return b;
+    });
+  }
+  forbid_reuse(t, what);
+  return out;
+}
+
+at::Tensor Communicator::gather(const at::Tensor& t, int64_t axis, int root) const {
+  const CommState& s = state_of(s_, "gather");
+  const std::string what =
+      call_name("gather", "axis " + std::to_string(axis) + ", root " + std::to_string(root));
+  Record mine = make_record(t);
+  mine.p[0] = root;
+  mine.p[1] = axis;
+  check_axis(mine, axis, 2);
+  check_root(mine, root, s.size);
+  const auto all = exchange_records(s, mine, what);
+  check_shapes_but(all, what, axis);
+  std::vector<int64_t> extents;
+  for (const auto& r : all) extents.push_back(r.dims[axis]);
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    out = raw_gather(s, t, axis, extents, root, what);
+  }
+  auto state = s_;
+  const Shape root_shape = t.sizes().vec();
+  return attach(out, t, "GatherBackward",
+                [state, axis, extents, root, what](const at::Tensor& g) {
+                  // The root's cotangent has the gathered shape; the others'
+                  // (extent 0 along axis) are not read.
+                  Shape shape = g.sizes().vec();
+                  if (state->rank != root) shape[axis] = std::accumulate(
+                      extents.begin(), extents.end(), int64_t{0});
+                  return raw_scatter(*state, g, axis, extents, root, shape, g.options(),
+                                     what + " adjoint");
+                });
+}
+
+at::Tensor Communicator::allgather(const at::Tensor& t, int64_t axis) const {
+  const CommState& s = state_of(s_, "allgather");
+  const std::string what = call_name("allgather", "axis " + std::to_string(axis));
+  Record mine = make_record(t);
+  mine.p[1] = axis;
+  check_axis(mine, axis, 2);
+  const auto all = exchange_records(s, mine, what);
+  check_shapes_but(all, what, axis);
+  std::vector<int64_t> extents;
+  for (const auto& r : all) extents.push_back(r.dims[axis]);
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    out = raw_allgather(s, t, axis, extents, what);
+  }
+  auto state = s_;
+  return attach(out, t, "AllgatherBackward", [state, axis, extents, what](const at::Tensor& g) {
+    return raw_reduce_scatter(*state, g, axis, extents, what + " adjoint");
+  });
+}
+
+at::Tensor Communicator::scatter(const at::Tensor& t, int64_t axis, int64_t numelem,
+                                 int root) const {
+  const CommState& s = state_of(s_, "scatter");
+  const std::string what = call_name("scatter", "axis " + std::to_string(axis) + ", numelem " +
+                                                    std::to_string(numelem) + ", root " +
+                                                    std::to_string(root));
+  Record mine = make_record(t);
+  mine.p[0] = root;
+  mine.p[1] = axis;
+  mine.p[3] = numelem;
+  check_root(mine, root, s.size);
+  if (!mine.status && numelem < 0) mine.status = Record::kBadNumelem;
+  // Only the root's tensor is split: only its axis must exist.
+  if (s.rank == root) check_axis(mine, axis, 1);
+  const auto all = exchange_records(s, mine, what);
+  for (int i = 0; i < s.size; ++i)
+    if (all[i].p[0] != root || all[i].p[1] != axis)
+      throw ShapeError(what + ": rank " + std::to_string(i) +
+                       " passes another root or axis than rank " + std::to_string(s.rank));
+  std::vector<int64_t> numelems;
+  for (const auto& r : all) numelems.push_back(r.p[3]);
+  const Record& rr = all[root];
+  const int64_t sum = std::accumulate(numelems.begin(), numelems.end(), int64_t{0});
+  if (rr.dims[axis] != sum)
+    throw ShapeError(what + ": the root's tensor has extent " + std::to_string(rr.dims[axis]) +
+                     " along axis " + std::to_string(axis) +
+                     ", but the ranks' numelem add up to " + std::to_string(sum) + " (" +
+                     list_string(numelems) + ")");
+  const Shape root_shape = rr.shape();
+  const auto options = t.options().dtype(static_cast<at::ScalarType>(rr.dtype));
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    out = raw_scatter(s, t, axis, numelems, root, root_shape, options, what);
+  }
+  auto state = s_;
+  const std::vector<int64_t> in_sizes = t.sizes().vec();
+  return attach(out, t, "ScatterBackward",
+                [state, axis, numelems, root, in_sizes, what](const at::Tensor& g) {
+                  at::Tensor full = raw_gather(*state, g, axis, numelems, root, what + " adjoint");
+                  // Off the root the input was not read: its gradient is zero.
+                  return state->rank == root ? full : at::zeros(in_sizes, g.options());
+                });
+}
+
+at::Tensor Communicator::alltoall(const at::Tensor& t, int64_t gather_axis, int64_t scatter_axis,
+                                  int64_t numelem) const {
+  const CommState& s = state_of(s_, "alltoall");
+  const std::string what = call_name(
+      "alltoall", "gather_axis " + std::to_string(gather_axis) + ", scatter_axis " +
+                      std::to_string(scatter_axis) + ", numelem " + std::to_string(numelem));
+  Record mine = make_record(t);
+  mine.p[0] = gather_axis;
+  mine.p[1] = scatter_axis;
+  mine.p[3] = numelem;
+  check_axis(mine, gather_axis, 2);
+  check_axis(mine, scatter_axis, 1);
+  if (!mine.status && numelem < 0) mine.status = Record::kBadNumelem;
+  const auto all = exchange_records(s, mine, what);
+  check_shapes_but(all, what, gather_axis, scatter_axis);
+  std::vector<int64_t> gextents, numelems;
+  int64_t sum_n = 0, sum_g = 0;
+  for (const auto& r : all) {
+    gextents.push_back(r.dims[gather_axis]);
+    numelems.push_back(r.p[3]);
+    sum_n += r.p[3];
+    sum_g += r.dims[gather_axis];
+  }
+  if (gather_axis == scatter_axis) {
+    if (sum_g != sum_n)
+      throw ShapeError(what + ": the ranks' extents along axis " + std::to_string(gather_axis) +
+                       " add up to " + std::to_string(sum_g) + " (" + list_string(gextents) +
+                       "), their numelem to " + std::to_string(sum_n) + " (" +
+                       list_string(numelems) + ")");
+  } else {
+    for (int i = 0; i < s.size; ++i)
+      if (all[i].dims[scatter_axis] != sum_n)
+        throw ShapeError(what + ": rank " + std::to_string(i) + "'s tensor has extent " +
+                         std::to_string(all[i].dims[scatter_axis]) + " along scatter axis " +
+                         std::to_string(scatter_axis) + ", but the ranks' numelem add up to " +
+                         std::to_string(sum_n) + " (" + list_string(numelems) + ")");
+  }
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    out = raw_alltoall(s, t, gather_axis, scatter_axis, gextents, numelems, what);
+  }
+  auto state = s_;
+  return attach(out, t, "AlltoallBackward",
+                [state, gather_axis, scatter_axis, gextents, numelems, what](const at::Tensor& g) {
+                  // The reverse exchange: pieces of gextents along gather_axis
+                  // go back, gathered along scatter_axis.
+                  return raw_alltoall(*state, g, scatter_axis, gather_axis, numelems, gextents,
+                                      what + " adjoint");
+                });
+}
+
+}  // namespace partita::mpi

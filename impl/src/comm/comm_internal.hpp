@@ -1,0 +1,130 @@
+// Internal to the differentiable communicator: its state, the per-call
+// exchange of every rank's shape (the "records"), the data movement without
+// autograd (used by the forward calls and by their adjoints alike), and the
+// autograd nodes.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <mpi.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "partita/mpi/communicator.hpp"
+#include "partita/mpi/partition.hpp"
+#include "partita/shape.hpp"
+#include "partita/tensor_rules.hpp"
+
+namespace partita::mpi::detail {
+
+struct CommState {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = -1;
+  int size = 0;
+  int max_tag = 0;          // user tags are below it; adjoint tags = tag + max_tag
+  Partition keep;           // keeps a partition's communicator alive
+  std::shared_ptr<MPI_Comm> owned;  // a dup()'s communicator, freed with the state
+};
+
+// The state of an isend or irecv: the forward request and buffer, and, once
+// the wait's backward has started it, the adjoint request and buffer.
+struct Pending {
+  enum Kind { kSend, kRecv } kind = kSend;
+  std::shared_ptr<const CommState> comm;
+  int peer = 0, tag = 0;
+  MPI_Request request = MPI_REQUEST_NULL;
+  at::Tensor buffer;          // what is sent / received into
+  std::vector<int64_t> sizes; // the input's shape and options (for gradients)
+  at::TensorOptions options;
+  bool waited = false;
+  bool adjoint_started = false;
+  bool adjoint_waited = false;
+  MPI_Request adjoint_request = MPI_REQUEST_NULL;
+  at::Tensor adjoint_buffer;
+  std::string what() const;
+};
+
+// One rank's statement about a call: its tensor's dtype and shape, a local
+// error found before any communication (status), and the call's parameters
+// (root, axes, numelem, op), so that every rank can check every other's.
+struct Record {
+  enum Status : int64_t {
+    kOk = 0, kTooManyDims, kBadDtype, kBadAxis, kBadRoot, kBadNumelem, kBadOp
+  };
+  int64_t status = kOk;
+  int64_t dtype = 0;
+  int64_t ndim = 0;
+  int64_t dims[kMaxTensorDims] = {0};
+  int64_t p[4] = {0, 0, 0, 0};  // per call: see each call
+
+  Shape shape() const { return Shape(dims, dims + ndim); }
+};
+
+const CommState& state_of(const std::shared_ptr<CommState>& s, const char* what);
+
+// The record of `t` with status set by the local checks of dtype and rank.
+Record make_record(const at::Tensor& t);
+// Sets status unless already set: axis in [0, ndim) ...
+void check_axis(Record& r, int64_t axis, int which);
+void check_root(Record& r, int root, int size);
+void check_op(Record& r, ReduceOp op);
+
+// Throws ShapeError for a record whose status is not kOk (local use, or
+// on every rank after the exchange).
+[[noreturn]] void raise_record(const std::string& what, int rank, const Record& r);
+
+// Allgather of every rank's record; if any has a bad status, every rank
+// raises ShapeError naming the lowest such rank and its problem.
+std::vector<Record> exchange_records(const CommState& s, const Record& mine,
+                                     const std::string& what);
+
+// MPI datatype of a tensor's dtype (partita's dtypes and bool) and MPI op.
+MPI_Datatype comm_datatype(at::ScalarType t);
+MPI_Op comm_op(ReduceOp op, at::ScalarType t);
+
+// -- data movement without autograd (every call: collective over s) ---------
+at::Tensor raw_allreduce(const CommState& s, const at::Tensor& x, ReduceOp op,
+                         const std::string& what);
+// In place on `buf` (contiguous).
+void raw_bcast(const CommState& s, at::Tensor& buf, int root, const std::string& what);
+// In place on `buf` (contiguous): the root's holds the reduction, others zeros.
+void raw_reduce(const CommState& s, at::Tensor& buf, ReduceOp op, int root,
+                const std::string& what);
+// `extents[i]`: rank i's extent along `axis` (the other extents agree).
+at::Tensor raw_gather(const CommState& s, const at::Tensor& x, int64_t axis,
+                      const std::vector<int64_t>& extents, int root, const std::string& what);
+at::Tensor raw_allgather(const CommState& s, const at::Tensor& x, int64_t axis,
+                         const std::vector<int64_t>& extents, const std::string& what);
+// Sum over the ranks of x (one shape everywhere), split along `axis` into
+// pieces of `extents`; this rank's piece.
+at::Tensor raw_reduce_scatter(const CommState& s, const at::Tensor& x, int64_t axis,
+                              const std::vector<int64_t>& extents, const std::string& what);
+// The root's x (shape root_shape) split along `axis` into `extents`.
+at::Tensor raw_scatter(const CommState& s, const at::Tensor& x, int64_t axis,
+                       const std::vector<int64_t>& extents, int root, const Shape& root_shape,
+                       const at::TensorOptions& options, const std::string& what);
+// `gextents[i]`: rank i's extent along gather_axis; `numelem[j]`: rank j's
+// piece along scatter_axis. Every rank's shape is `shape` but for those two.
+at::Tensor raw_alltoall(const CommState& s, const at::Tensor& x, int64_t gather_axis,
+                        int64_t scatter_axis, const std::vector<int64_t>& gextents,
+                        const std::vector<int64_t>& numelem, const std::string& what);
+
+// -- autograd -----------------------------------------------------------------
+using Adjoint = std::function<at::Tensor(const at::Tensor& grad_out)>;
+// Gives `out` (no history) a node whose backward is adjoint(grad_out) into
+// `input`'s edge, when `input` requires grad (and grad mode is on). An
+// undefined incoming gradient is zeros: the adjoint communication still runs.
+at::Tensor attach(at::Tensor out, const at::Tensor& input, const std::string& name,
+                  Adjoint adjoint);
+// A node that raises `message` in backward.
+at::Tensor attach_error(at::Tensor out, const at::Tensor& input, const std::string& name,
+                        const std::string& message);
+// mpi4torch's safeguard for in-place calls: a non-leaf input that requires
+// grad gets a node that raises if anything backpropagates into it.
+void forbid_reuse(const at::Tensor& input, const std::string& what);
+
+std::string shape_str(at::IntArrayRef s);
+
+}  // namespace partita::mpi::detail

@@ -1,0 +1,283 @@
+// The communicator itself (world, from a partition, dup), the per-call
+// records every rank checks, and the autograd nodes every call uses.
+#include "partita/mpi/communicator.hpp"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <climits>
+#include <sstream>
+
+#include "comm_internal.hpp"
+#include "detail/team_comm.hpp"
+#include "partita/errors.hpp"
+#include "partita/mpi/runtime.hpp"
+
+namespace partita::mpi {
+
+using detail::CommState;
+
+namespace {
+std::shared_ptr<CommState> make_state(MPI_Comm comm) {
+  auto s = std::make_shared<CommState>();
+  s->comm = comm;
+  MPI_Comm_rank(comm, &s->rank);
+  MPI_Comm_size(comm, &s->size);
+  // Half of MPI's tag range is the user's, the other half carries the
+  // adjoint messages of isend/irecv (tag + max_tag), so a backward message
+  // never matches a forward one.
+  int* ub = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag);
+  s->max_tag = (flag && ub ? *ub : 32767) / 2;
+  return s;
+}
+}  // namespace
+
+Communicator Communicator::world() {
+  Communicator c;
+  c.s_ = make_state(world_comm());
+  return c;
+}
+
+Communicator Communicator::from(const Partition& P) {
+  Communicator c;
+  if (P.active()) {
+    c.s_ = make_state(P.comm());
+    c.s_->keep = P;
+  }
+  return c;
+}
+
+Communicator Communicator::dup() const {
+  const CommState& s = detail::state_of(s_, "dup");
+  auto owned = std::shared_ptr<MPI_Comm>(new MPI_Comm(MPI_COMM_NULL), [](MPI_Comm* c) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (*c != MPI_COMM_NULL && !finalized) MPI_Comm_free(c);
+    delete c;
+  });
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Comm_idup(s.comm, owned.get(), &req));
+  mpi::wait(req, "Communicator::dup");
+  MPI_Comm_set_errhandler(*owned, MPI_ERRORS_RETURN);
+  Communicator c;
+  c.s_ = make_state(*owned);
+  c.s_->owned = owned;
+  return c;
+}
+
+bool Communicator::valid() const { return static_cast<bool>(s_); }
+int Communicator::rank() const { return detail::state_of(s_, "rank").rank; }
+int Communicator::size() const { return detail::state_of(s_, "size").size; }
+MPI_Comm Communicator::comm() const { return s_ ? s_->comm : MPI_COMM_NULL; }
+int Communicator::max_tag() const { return detail::state_of(s_, "max_tag").max_tag; }
+
+}  // namespace partita::mpi
+
+namespace partita::mpi::detail {
+
+const CommState& state_of(const std::shared_ptr<CommState>& s, const char* what) {
+  if (!s)
+    throw Error(std::string("Communicator::") + what +
+                ": this communicator is invalid (default-made, or made from a partition this "
+                "rank is not a member of)");
+  return *s;
+}
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+std::string Pending::what() const {
+  return std::string(kind == kSend ? "isend to " : "irecv from ") + std::to_string(peer) +
+         " (tag " + std::to_string(tag) + ")";
+}
+
+Record make_record(const at::Tensor& t) {
+  Record r;
+  r.dtype = static_cast<int64_t>(t.scalar_type());
+  r.ndim = t.dim();
+  if (t.dim() > kMaxTensorDims) {
+    r.status = Record::kTooManyDims;
+    r.ndim = kMaxTensorDims;
+  }
+  for (int64_t d = 0; d < r.ndim; ++d) r.dims[d] = t.size(d);
+  if (!dtype_supported(t.scalar_type()) && t.scalar_type() != at::kBool && !r.status)
+    r.status = Record::kBadDtype;
+  return r;
+}
+
+void check_axis(Record& r, int64_t axis, int which) {
+  if (!r.status && (axis < 0 || axis >= r.ndim)) {
+    r.status = Record::kBadAxis;
+    r.p[3] = axis;
+    r.p[2] = which;
+  }
+}
+
+void check_root(Record& r, int root, int size) {
+  if (!r.status && (root < 0 || root >= size)) {
+    r.status = Record::kBadRoot;
+    r.p[2] = root;
+    r.p[3] = size;
+  }
+}
+
+void check_op(Record& r, ReduceOp op) {
+  if (r.status) return;
+  const auto t = static_cast<at::ScalarType>(r.dtype);
+  const bool integral = at::isIntegralType(t, /*includeBool=*/false);
+  const bool ok = t == at::kBool ? (op == ReduceOp::kLand || op == ReduceOp::kLor ||
+                                    op == ReduceOp::kLxor)
+                  : op_needs_integers(op) ? integral
+                  : (t == at::kBFloat16 || t == at::kHalf) ? op == ReduceOp::kSum
+                                                           : true;
+  if (!ok) {
+    r.status = Record::kBadOp;
+    r.p[3] = static_cast<int64_t>(op);
+  }
+}
+
+void raise_record(const std::string& what, int rank, const Record& r) {
+  const auto t = static_cast<at::ScalarType>(r.dtype);
+  std::string why;
+  switch (r.status) {
+    case Record::kTooManyDims:
+      why = "its tensor has more than " + std::to_string(kMaxTensorDims) + " dimensions";
+      break;
+    case Record::kBadDtype:
+      why = "dtype " + dtype_name(t) + " is not supported";
+      break;
+    case Record::kBadAxis:
+      why = std::string(r.p[2] == 1 ? "scatter " : r.p[2] == 2 ? "gather " : "") + "axis " +
+            std::to_string(r.p[3]) + " is out of range for its tensor of shape " +
+            shape_string(r.shape());
+      break;
+    case Record::kBadRoot:
+      why = "root " + std::to_string(r.p[2]) + " is out of range for a communicator of " +
+            std::to_string(r.p[3]) + " ranks";
+      break;
+    case Record::kBadNumelem:
+      why = "numelem " + std::to_string(r.p[3]) + " is negative";
+      break;
+    case Record::kBadOp:
+      why = std::string("operation ") + op_name(static_cast<ReduceOp>(r.p[3])) +
+            " is not defined for dtype " + (t == at::kBool ? std::string("bool") : dtype_string(t)) +
+            " (SUM, PROD, MAX, MIN on numbers; LAND, LOR, LXOR, BAND, BOR, BXOR on integers; "
+            "LAND, LOR, LXOR on bool; 16-bit floats: SUM only)";
+      break;
+    default:
+      why = "unknown problem";
+  }
+  throw ShapeError(what + ": rank " + std::to_string(rank) + ": " + why);
+}
+
+std::vector<Record> exchange_records(const CommState& s, const Record& mine,
+                                     const std::string& what) {
+  std::vector<Record> all(s.size);
+  constexpr int n = sizeof(Record) / sizeof(int64_t);
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Iallgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, s.comm,
+                                   &req));
+  wait(req, (what + " (shapes)").c_str());
+  for (int i = 0; i < s.size; ++i)
+    if (all[i].status != Record::kOk) raise_record(what, i, all[i]);
+  return all;
+}
+
+MPI_Datatype comm_datatype(at::ScalarType t) {
+  if (t == at::kBool) return MPI_C_BOOL;
+  return mpi_datatype(t);
+}
+
+MPI_Op comm_op(ReduceOp op, at::ScalarType t) {
+  switch (op) {
+    case ReduceOp::kSum: return mpi_sum(t);
+    case ReduceOp::kProd: return MPI_PROD;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kLand: return MPI_LAND;
+    case ReduceOp::kLor: return MPI_LOR;
+    case ReduceOp::kLxor: return MPI_LXOR;
+    case ReduceOp::kBand: return MPI_BAND;
+    case ReduceOp::kBor: return MPI_BOR;
+    case ReduceOp::kBxor: return MPI_BXOR;
+  }
+  throw Error("unknown reduction operation");
+}
+
+namespace {
+
+struct AdjointNode : torch::autograd::Node {
+  std::string label;
+  Adjoint adjoint;
+  std::vector<int64_t> out_sizes;
+  at::TensorOptions out_options;
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    const at::Tensor g = grads.empty() || !grads[0].defined()
+                             ? at::zeros(out_sizes, out_options)
+                             : grads[0];
+    at::Tensor gx;
+    {
+      at::NoGradGuard no_grad;
+      gx = adjoint(g);
+    }
+    return {gx};
+  }
+  std::string name() const override { return label; }
+};
+
+struct RaiseNode : torch::autograd::Node {
+  std::string label, message;
+  torch::autograd::variable_list apply(torch::autograd::variable_list&&) override {
+    throw Error(message);
+  }
+  std::string name() const override { return label; }
+};
+
+}  // namespace
+
+at::Tensor attach(at::Tensor out, const at::Tensor& input, const std::string& name,
+                  Adjoint adjoint) {
+  if (!torch::autograd::compute_requires_grad(input)) return out;
+  auto node = std::shared_ptr<AdjointNode>(new AdjointNode(), torch::autograd::deleteNode);
+  node->label = name;
+  node->adjoint = std::move(adjoint);
+  node->out_sizes = out.sizes().vec();
+  node->out_options = out.options();
+  node->set_next_edges(torch::autograd::collect_next_edges(input));
+  torch::autograd::set_history(out, node);
+  return out;
+}
+
+at::Tensor attach_error(at::Tensor out, const at::Tensor& input, const std::string& name,
+                        const std::string& message) {
+  if (!torch::autograd::compute_requires_grad(input)) return out;
+  auto node = std::shared_ptr<RaiseNode>(new RaiseNode(), torch::autograd::deleteNode);
+  node->label = name;
+  node->message = message;
+  node->set_next_edges(torch::autograd::collect_next_edges(input));
+  torch::autograd::set_history(out, node);
+  return out;
+}
+
+void forbid_reuse(const at::Tensor& input, const std::string& what) {
+  // Leaves cannot get a node (their gradient is accumulated), as in mpi4torch.
+  if (!input.requires_grad() || !input.grad_fn()) return;
+  auto node = std::shared_ptr<RaiseNode>(new RaiseNode(), torch::autograd::deleteNode);
+  node->label = "NoReuseAfterInPlace";
+  node->message = what +
+                  ": its input was passed to an in-place communicator call and may not be used "
+                  "again in a differentiated computation; use the returned tensor instead";
+  auto& t = const_cast<at::Tensor&>(input);
+  torch::autograd::set_history(t, node);
+}
+
+}  // namespace partita::mpi::detail

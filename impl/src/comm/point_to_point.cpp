@@ -1,0 +1,218 @@
+// isend / irecv / wait and the dummies (seed 003).
+//
+// The graph of one isend (irecv is the mirror image):
+//
+//   t --> [IsendBackward] --> handle.dummy --> (join_dummies ...) --> [WaitBackward] --> wait's result
+//
+// In backward, WaitBackward starts the adjoint message (an irecv of the
+// gradient from dest; for an irecv, an isend of the gradient to source) and
+// IsendBackward, which the engine runs after it, waits for it and hands the
+// received gradient to t. Between the two the engine is free to run other
+// nodes: that is what lets a ring of ranks post all its adjoint receives
+// before any of them waits, exactly as the forward program did, when the
+// program orders its graph with join_dummies_handle (docs/communicator.md).
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include "comm_internal.hpp"
+#include "detail/team_comm.hpp"
+#include "partita/errors.hpp"
+#include "partita/mpi/runtime.hpp"
+
+namespace partita::mpi {
+
+using namespace detail;
+
+namespace {
+
+using torch::autograd::variable_list;
+
+// Runs after WaitBackward: waits for the adjoint message and returns the
+// input's gradient.
+struct NonBlockingBackward : torch::autograd::Node {
+  std::shared_ptr<Pending> p;
+  variable_list apply(variable_list&&) override {
+    if (!p->adjoint_started)
+      throw Error(p->what() +
+                  ": its backward ran but its wait's backward did not: the result of wait() is "
+                  "not connected to the loss, so the adjoint message was never started (join "
+                  "it with join_dummies, as seed 003 explains)");
+    if (p->adjoint_waited) throw Error(p->what() + ": backward ran twice");
+    wait(p->adjoint_request, (p->what() + " adjoint").c_str());
+    p->adjoint_waited = true;
+    at::Tensor g = p->kind == Pending::kSend
+                       ? p->adjoint_buffer
+                       : at::zeros(p->sizes, p->options);  // a received buffer is overwritten
+    p->adjoint_buffer = at::Tensor();
+    return {g};
+  }
+  std::string name() const override {
+    return p->kind == Pending::kSend ? "IsendBackward" : "IrecvBackward";
+  }
+};
+
+struct WaitBackward : torch::autograd::Node {
+  std::shared_ptr<Pending> p;
+  variable_list apply(variable_list&& grads) override {
+    if (p->adjoint_started) throw Error(p->what() + ": wait's backward ran twice");
+    const CommState& s = *p->comm;
+    const int adjoint_tag = p->tag + s.max_tag;
+    if (p->kind == Pending::kSend) {
+      p->adjoint_buffer = at::zeros(p->sizes, p->options);
+      PARTITA_MPI_CHECK(MPI_Irecv(p->adjoint_buffer.data_ptr(),
+                                  mpi_count(p->adjoint_buffer.numel(), p->what()),
+                                  comm_datatype(p->adjoint_buffer.scalar_type()), p->peer,
+                                  adjoint_tag, s.comm, &p->adjoint_request));
+    } else {
+      at::Tensor g = grads.empty() || !grads[0].defined() ? at::zeros(p->sizes, p->options)
+                                                           : grads[0];
+      p->adjoint_buffer = g.to(p->options.dtype()).contiguous().clone();
+      PARTITA_MPI_CHECK(MPI_Isend(p->adjoint_buffer.data_ptr(),
+                                  mpi_count(p->adjoint_buffer.numel(), p->what()),
+                                  comm_datatype(p->adjoint_buffer.scalar_type()), p->peer,
+                                  adjoint_tag, s.comm, &p->adjoint_request));
+    }
+    p->adjoint_started = true;
+    // The dummy's gradient: a value nobody reads, only the edge matters.
+    return {at::zeros({}, at::kDouble)};
+  }
+  std::string name() const override { return "WaitBackward"; }
+};
+
+struct JoinDummiesBackward : torch::autograd::Node {
+  std::vector<std::vector<int64_t>> sizes;
+  std::vector<at::TensorOptions> options;
+  variable_list apply(variable_list&& grads) override {
+    variable_list out(sizes.size());
+    out[0] = grads.empty() ? at::Tensor() : grads[0];
+    // Zeros, always defined, so that every dummy's branch runs.
+    for (size_t i = 1; i < sizes.size(); ++i) out[i] = at::zeros(sizes[i], options[i]);
+    return out;
+  }
+  std::string name() const override { return "JoinDummiesBackward"; }
+};
+
+void check_peer(const CommState& s, int peer, int tag, const char* call, const char* role) {
+  if (peer < 0 || peer >= s.size)
+    throw ShapeError(std::string("Communicator::") + call + ": " + role + " " +
+                     std::to_string(peer) + " is out of range for a communicator of " +
+                     std::to_string(s.size) + " ranks");
+  if (tag < 0 || tag >= s.max_tag)
+    throw ShapeError(std::string("Communicator::") + call + ": tag " + std::to_string(tag) +
+                     " is out of range [0, " + std::to_string(s.max_tag) + ")");
+}
+
+WaitHandle start(const std::shared_ptr<CommState>& state, const at::Tensor& t, int peer, int tag,
+                 Pending::Kind kind) {
+  const CommState& s = *state;
+  const char* call = kind == Pending::kSend ? "isend" : "irecv";
+  check_peer(s, peer, tag, call, kind == Pending::kSend ? "dest" : "source");
+  Record r = make_record(t);
+  if (r.status) raise_record(std::string("Communicator::") + call, s.rank, r);
+  auto p = std::make_shared<Pending>();
+  p->kind = kind;
+  p->comm = state;
+  p->peer = peer;
+  p->tag = tag;
+  p->sizes = t.sizes().vec();
+  p->options = t.options().requires_grad(false);
+  {
+    at::NoGradGuard no_grad;
+    p->buffer = kind == Pending::kSend ? t.contiguous().variable_data() : at::empty(p->sizes, p->options);
+  }
+  const int n = mpi_count(p->buffer.numel(), p->what());
+  const MPI_Datatype type = comm_datatype(p->buffer.scalar_type());
+  if (kind == Pending::kSend)
+    PARTITA_MPI_CHECK(MPI_Isend(p->buffer.data_ptr(), n, type, peer, tag, s.comm, &p->request));
+  else
+    PARTITA_MPI_CHECK(MPI_Irecv(p->buffer.data_ptr(), n, type, peer, tag, s.comm, &p->request));
+  at::Tensor dummy = at::zeros({}, at::kDouble);
+  if (torch::autograd::compute_requires_grad(t)) {
+    auto node = std::shared_ptr<NonBlockingBackward>(new NonBlockingBackward(),
+                                                     torch::autograd::deleteNode);
+    node->p = p;
+    node->set_next_edges(torch::autograd::collect_next_edges(t));
+    torch::autograd::set_history(dummy, node);
+  }
+  return WaitHandle(p, dummy);
+}
+
+}  // namespace
+
+WaitHandle Communicator::isend(const at::Tensor& t, int dest, int tag) const {
+  state_of(s_, "isend");
+  return start(s_, t, dest, tag, Pending::kSend);
+}
+
+WaitHandle Communicator::irecv(const at::Tensor& t, int source, int tag) const {
+  state_of(s_, "irecv");
+  return start(s_, t, source, tag, Pending::kRecv);
+}
+
+at::Tensor Communicator::wait(const WaitHandle& handle) const {
+  state_of(s_, "wait");
+  if (!handle.valid()) throw Error("Communicator::wait: the handle was not made by isend or irecv");
+  const auto& p = handle.pending();
+  if (p->waited)
+    throw Error("Communicator::wait: " + p->what() +
+                " was already waited on (a handle, or one joined from it with "
+                "join_dummies_handle, is waited on once)");
+  mpi::wait(p->request, p->what().c_str());
+  p->waited = true;
+  // An isend's wait returns the sent values (mpi4torch); an irecv's what came.
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    out = p->buffer.variable_data();
+  }
+  if (p->kind == Pending::kRecv) p->buffer = at::Tensor();
+  if (torch::autograd::compute_requires_grad(handle.dummy())) {
+    auto node = std::shared_ptr<WaitBackward>(new WaitBackward(), torch::autograd::deleteNode);
+    node->p = p;
+    node->set_next_edges(torch::autograd::collect_next_edges(handle.dummy()));
+    torch::autograd::set_history(out, node);
+  }
+  return out;
+}
+
+at::Tensor Communicator::send(const at::Tensor& t, int dest, int tag) const {
+  return wait(isend(t, dest, tag));
+}
+
+at::Tensor Communicator::recv(const at::Tensor& t, int source, int tag) const {
+  return wait(irecv(t, source, tag));
+}
+
+at::Tensor join_dummies(const at::Tensor& loopthrough, const std::vector<at::Tensor>& dummies) {
+  bool any = false;
+  for (const auto& d : dummies) any = any || torch::autograd::compute_requires_grad(d);
+  if (!any) return loopthrough;
+  auto node = std::shared_ptr<JoinDummiesBackward>(new JoinDummiesBackward(),
+                                                   torch::autograd::deleteNode);
+  torch::autograd::edge_list edges;
+  edges.push_back(torch::autograd::impl::gradient_edge(loopthrough));
+  node->sizes.push_back(loopthrough.sizes().vec());
+  node->options.push_back(loopthrough.options());
+  for (const auto& d : dummies) {
+    edges.push_back(d.defined() ? torch::autograd::impl::gradient_edge(d)
+                                : torch::autograd::Edge());
+    node->sizes.push_back(d.defined() ? d.sizes().vec() : std::vector<int64_t>{});
+    node->options.push_back(d.defined() ? d.options() : at::TensorOptions(at::kDouble));
+  }
+  node->set_next_edges(std::move(edges));
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    out = loopthrough.variable_data();
+  }
+  torch::autograd::set_history(out, node);
+  return out;
+}
+
+WaitHandle join_dummies_handle(const WaitHandle& handle, const std::vector<at::Tensor>& dummies) {
+  if (!handle.valid())
+    throw Error("join_dummies_handle: the handle was not made by isend or irecv");
+  return WaitHandle(handle.pending(), join_dummies(handle.dummy(), dummies));
+}
+
+}  // namespace partita::mpi
