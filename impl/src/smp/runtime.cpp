@@ -24,8 +24,6 @@ namespace partita::smp {
 
 namespace {
 
-constexpr int kObjectTag = 4004;
-
 struct State {
   bool initialized = false;
   Config config;

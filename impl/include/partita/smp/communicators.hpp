@@ -14,3 +14,11 @@ namespace partita::smp {
 MPI_Comm communicator(CommGroup group);
 
 }  // namespace partita::smp
+
+namespace partita::smp {
+
+// The tag of every object message (send, broadcast) on
+// communicator(CommGroup::WORLD).
+inline constexpr int kObjectTag = 4004;
+
+}  // namespace partita::smp
