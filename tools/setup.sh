@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build make libtorch-dev libmpich-dev mpich librapidcheck-dev libgtest-dev
-          libbenchmark-dev nlohmann-json3-dev libcli11-dev python3 coreutils)
+          libbenchmark-dev nlohmann-json3-dev libcli11-dev python3 coreutils
+          clang-14 libclang-rt-14-dev libfuzzer-14-dev)  # the last three: the smp decoder fuzzer
 if [ "${1:-}" = "--with-browser" ]; then packages+=(chromium); fi
 missing=()
 for p in "${packages[@]}"; do

@@ -10,6 +10,7 @@
 #include <cxxabi.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -54,6 +55,10 @@ class Reader {
   }
   uint8_t u8(const char* field) { return static_cast<unsigned char>(*take(1, field)); }
   uint16_t u16(const char* field) { return get_u16(take(2, field)); }
+  uint32_t u32(const char* field) {
+    const char* p = take(4, field);
+    return static_cast<uint32_t>(get_u16(p)) | (static_cast<uint32_t>(get_u16(p + 2)) << 16);
+  }
   uint64_t u64(const char* field) { return get_u64(take(8, field)); }
   std::size_t left() const { return left_; }
 
@@ -147,6 +152,9 @@ at::Tensor take_tensor(Reader& r, size_t index) {
   if (!dtype) throw MessageError("smp message: " + which + " has unknown dtype code " + std::to_string(code));
   const uint8_t grad = r.u8("tensor requires_grad");
   if (grad > 1) throw MessageError("smp message: " + which + " has requires_grad byte " + std::to_string(grad));
+  if (grad && !c10::isFloatingType(dtype->type) && !c10::isComplexType(dtype->type))
+    throw MessageError("smp message: " + which + " of dtype " + c10::toString(dtype->type) +
+                       " requires grad (only floating and complex tensors can)");
   const uint8_t ndim = r.u8("tensor dimension count");
   if (ndim > kMaxDims)
     throw MessageError("smp message: " + which + " has " + std::to_string(ndim) + " dimensions (at most " +
@@ -171,6 +179,126 @@ at::Tensor take_tensor(Reader& r, size_t index) {
   if (nbytes) std::memcpy(t.data_ptr(), bytes, nbytes);
   if (grad) t.set_requires_grad(true);
   return t;
+}
+
+// LibTorch's unpickler trusts its input: a string length of 4 GB is
+// allocated before it finds the bytes missing, a memo index of 2^32 reserves
+// that many slots, an opcode without its operands underflows the stack. So
+// the pickle is walked first: only the opcodes torch::jit::pickle writes,
+// every operand inside the pickle, memo slots numbered as the pickler numbers
+// them (0, 1, 2, ...), globals from LibTorch's own list, the stack and marks
+// simulated so that no opcode finds fewer items than it takes, and STOP as
+// the last byte.
+void validate_pickle(const char* data, std::size_t n) {
+  Reader r(data, n, "smp message: pickle");
+  auto bad = [](const std::string& why) -> MessageError { return MessageError("smp message: the pickle is not a valid object: " + why); };
+  std::vector<std::size_t> marks;
+  std::size_t stack = 0, memo = 0;
+  auto need = [&](std::size_t k, const char* op) {
+    const std::size_t floor = marks.empty() ? 0 : marks.back();
+    if (stack < floor + k) throw bad(std::string(op) + " finds too few items on the stack");
+  };
+  auto line = [&]() {
+    std::string s;
+    for (;;) {
+      const char c = *r.take(1, "global name");
+      if (c == '\n') return s;
+      s.push_back(c);
+      if (s.size() > 256) throw bad("a global name longer than 256 bytes");
+    }
+  };
+  auto to_mark = [&](const char* op) {
+    if (marks.empty()) throw bad(std::string(op) + " without a MARK");
+    const std::size_t m = marks.back();
+    marks.pop_back();
+    return stack - m;  // items above the mark
+  };
+  const uint8_t proto = r.u8("PROTO");
+  if (proto != 0x80 || r.u8("protocol") != 2) throw bad("it does not start with PROTO 2");
+  for (;;) {
+    const uint8_t op = r.u8("opcode");
+    switch (op) {
+      case '.':  // STOP
+        if (stack != 1 || !marks.empty()) throw bad("STOP with " + std::to_string(stack) + " items on the stack");
+        if (r.left() != 0) throw bad(std::to_string(r.left()) + " bytes after STOP");
+        return;
+      case '(': marks.push_back(stack); break;  // MARK
+      case 'c': {  // GLOBAL
+        const std::string module = line(), name = line();
+        const bool known =
+            (module == "torch.jit._pickle" &&
+             (name == "build_tensor_from_id" || name == "build_intlist" || name == "build_doublelist" ||
+              name == "build_boollist" || name == "build_tensorlist" || name == "restore_type_tag")) ||
+            (module == "torch" && name == "device");
+        if (!known) throw bad("global " + module + "." + name + " is not one LibTorch's pickler writes");
+        ++stack;
+        break;
+      }
+      case 'J': r.take(4, "BININT"); ++stack; break;
+      case 'K': r.take(1, "BININT1"); ++stack; break;
+      case 'M': r.take(2, "BININT2"); ++stack; break;
+      case 0x8a: {  // LONG1
+        const uint8_t len = r.u8("LONG1 length");
+        if (len > 8) throw bad("an integer of " + std::to_string(len) + " bytes");
+        r.take(len, "LONG1");
+        ++stack;
+        break;
+      }
+      case 'G': r.take(8, "BINFLOAT"); ++stack; break;
+      case 'X': {  // BINUNICODE
+        r.take(r.u32("BINUNICODE length"), "BINUNICODE");
+        ++stack;
+        break;
+      }
+      case 'q':
+      case 'r': {  // BINPUT, LONG_BINPUT
+        const uint64_t id = op == 'q' ? r.u8("BINPUT") : r.u32("LONG_BINPUT");
+        need(1, "BINPUT");
+        if (id != memo) throw bad("memo slot " + std::to_string(id) + " where the pickler writes " + std::to_string(memo));
+        ++memo;
+        break;
+      }
+      case 'h':
+      case 'j': {  // BINGET, LONG_BINGET
+        const uint64_t id = op == 'h' ? r.u8("BINGET") : r.u32("LONG_BINGET");
+        if (id >= memo) throw bad("memo slot " + std::to_string(id) + " read before it was written");
+        ++stack;
+        break;
+      }
+      case ']':
+      case ')':
+      case '}':
+      case 'N':
+      case 0x88:
+      case 0x89: ++stack; break;  // EMPTY_LIST/TUPLE/DICT, NONE, NEWTRUE, NEWFALSE
+      case 'a': need(2, "APPEND"); --stack; break;
+      case 's': need(3, "SETITEM"); stack -= 2; break;
+      case 'e':
+      case 'u': {  // APPENDS, SETITEMS: a container below the mark
+        const std::size_t items = to_mark(op == 'e' ? "APPENDS" : "SETITEMS");
+        if (op == 'u' && items % 2) throw bad("SETITEMS with an odd number of items");
+        stack -= items;
+        if (stack < 1 + (marks.empty() ? 0 : marks.back())) throw bad("APPENDS/SETITEMS without a container");
+        break;
+      }
+      case 't': stack -= to_mark("TUPLE"); ++stack; break;
+      case 0x85:
+      case 0x86:
+      case 0x87: {  // TUPLE1-3
+        const std::size_t k = op - 0x84u;
+        need(k, "TUPLEn");
+        stack = stack - k + 1;
+        break;
+      }
+      case 'R': need(2, "REDUCE"); --stack; break;
+      case 'b': need(2, "BUILD"); --stack; break;
+      default: {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02x", op);
+        throw bad(std::string("opcode ") + hex + " is not one LibTorch's pickler writes");
+      }
+    }
+  }
 }
 
 std::string demangle(const char* mangled) {
@@ -280,6 +408,7 @@ c10::IValue decode_ivalue_payload(const char* payload, std::size_t length) {
   for (uint64_t i = 0; i < count; ++i) tensors.push_back(take_tensor(r, i));
   if (r.left() != 0)
     throw MessageError("smp message: " + std::to_string(r.left()) + " bytes after the last tensor");
+  validate_pickle(pickle, pickle_len);
   try {
     return torch::jit::unpickle(pickle, pickle_len, nullptr, tensors);
   } catch (const std::exception& e) {
