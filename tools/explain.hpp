@@ -15,4 +15,8 @@ namespace partita::tools {
 // partitions cannot pair).
 void add_explain(CLI::App& app, std::function<int()>& action);
 
+// `partita explain smp --size N --partitions P [--json]` (explain_smp.cpp):
+// registered on the explain subcommand by add_explain.
+void add_explain_smp(CLI::App& explain, std::function<int()>& action);
+
 }  // namespace partita::tools
