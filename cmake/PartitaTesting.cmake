@@ -19,8 +19,10 @@ set(PARTITA_STUCK_WAIT_ENV "PARTITA_DEADLINE=5;PARTITA_WAIT_TIMEOUT=55")
 
 # An MPI GoogleTest binary (its own main: partita_mpi_gtest_main) registered
 # as one ctest per rank count: partita_add_mpi_test(name RANKS 1 2 4 SOURCES ...)
+# CONFORMANCE lists it in `partita conformance`, at RANKS and also at
+# CONFORMANCE_RANKS (rank counts too slow for every ctest run on 2 cores).
 function(partita_add_mpi_test name)
-  cmake_parse_arguments(ARG "CONFORMANCE" "TIMEOUT" "RANKS;SOURCES;ENV" ${ARGN})
+  cmake_parse_arguments(ARG "CONFORMANCE" "TIMEOUT" "RANKS;CONFORMANCE_RANKS;SOURCES;ENV" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT ${PARTITA_MPI_TIMEOUT})
   endif()
@@ -29,7 +31,8 @@ function(partita_add_mpi_test name)
   set(labels mpi)
   if(ARG_CONFORMANCE)
     list(APPEND labels conformance)  # ctest -L conformance --output-junit FILE
-    string(REPLACE ";" ", " ranks_json "${ARG_RANKS}")
+    string(REPLACE ";" ", " ranks_json "${ARG_RANKS};${ARG_CONFORMANCE_RANKS}")
+    string(REGEX REPLACE ", $" "" ranks_json "${ranks_json}")
     set_property(GLOBAL APPEND PROPERTY PARTITA_CONFORMANCE_SUITES
       "{\"name\": \"${name}\", \"binary\": \"$<TARGET_FILE:${name}>\", \"ranks\": [${ranks_json}]}")
   endif()
@@ -41,6 +44,20 @@ function(partita_add_mpi_test name)
       PROCESSORS 2
       LABELS "${labels};np${n}"
       ENVIRONMENT "${PARTITA_STUCK_WAIT_ENV};OMP_NUM_THREADS=1;${ARG_ENV}")
+  endforeach()
+endfunction()
+
+# The property suites' nightly form (issue 9): `ctest -L soak` runs NAME at
+# each of RANKS with a fresh seed (printed) and ten times the cases; the
+# default ctest run leaves them out (tools/test.sh: -LE soak).
+function(partita_add_soak_test name)
+  cmake_parse_arguments(ARG "" "CASES" "RANKS" ${ARGN})
+  foreach(n IN LISTS ARG_RANKS)
+    add_test(NAME ${name}_soak_np${n}
+             COMMAND ${PARTITA_MPIEXEC} -n ${n} $<TARGET_FILE:${name}>)
+    set_tests_properties(${name}_soak_np${n} PROPERTIES
+      TIMEOUT 3600 PROCESSORS 2 LABELS "soak;np${n}"
+      ENVIRONMENT "${PARTITA_STUCK_WAIT_ENV};OMP_NUM_THREADS=1;PARTITA_PROP_CASES=${ARG_CASES}")
   endforeach()
 endfunction()
 

@@ -179,7 +179,8 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
       for (int r = 0; r < world; ++r)
         if (chance(1, 2)) c.unused_outputs.push_back(r);
     c.dtype = *rc::gen::weightedElement<std::string>(
-        {{6, "float64"}, {2, "float32"}, {1, "bfloat16"}, {1, "int32"}});
+        {{4, "float64"}, {2, "float32"}, {1, "bfloat16"}, {1, "float16"}, {1, "int64"},
+         {1, "int32"}, {1, "int16"}, {1, "int8"}, {1, "uint8"}});
     // A balanced decomposition of a global shape (uneven splits; for the
     // reductions, teams whose pieces differ are rejected by both sides).
     if (chance(1, c.primitive == "broadcast" ? 3 : 6)) {
@@ -240,6 +241,9 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
     }
     c.ranks = world;
     c.data_seed = *rc::gen::inRange<uint64_t>(1, 1u << 30);
+    // Mostly small integers (every result compared bit for bit), sometimes
+    // random normal values (sums compared elementwise within a tolerance).
+    if (chance(1, 4)) c.fill = "normal";
     return c;
   });
 }

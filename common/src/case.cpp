@@ -167,6 +167,11 @@ const Rule kRules[] = {
      [](const Field& f, Case& c) { c.ranks = static_cast<int>(f.integer(1)); }},
     {"unused_outputs", "an array of world ranks (non-negative integers)",
      [](const Field& f, Case& c) { c.unused_outputs = f.small_integers(0); }},
+    {"fill", "one of \"integers\", \"normal\" (what data_seed draws)",
+     [](const Field& f, Case& c) {
+       c.fill = f.text();
+       if (c.fill != "integers" && c.fill != "normal") f.fail();
+     }},
     {"data_seed", "a non-negative integer",
      [](const Field& f, Case& c) {
        // Seeds are 64-bit unsigned (property tests draw them over the whole range).
@@ -283,6 +288,7 @@ json::Value Case::to_json() const {
   v["dtype"] = dtype;
   if (ranks) v["ranks"] = ranks;
   if (data_seed) v["data_seed"] = *data_seed;
+  if (data_seed && fill != "integers") v["fill"] = fill;
   if (!unused_outputs.empty()) v["unused_outputs"] = unused_outputs;
   return v;
 }

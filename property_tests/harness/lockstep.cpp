@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 
+#include "partita/case.hpp"
 #include "partita/mpi/runtime.hpp"
 
 namespace partita::testing {
@@ -71,6 +73,29 @@ void harness_wait(MPI_Request& req, const LockstepParams& lp, const char* what) 
               << replay_line(lp) << std::endl;
     MPI_Abort(MPI_COMM_WORLD, 4);
   }
+}
+
+
+// When `text` is a case file (a primitive's case), says how to keep it and,
+// with PARTITA_REGRESSIONS_DIR set, writes it there (rank 0).
+std::string keep_regression(const std::string& property, uint64_t seed, const std::string& text) {
+  try {
+    Case::parse(text, "counterexample");
+  } catch (const std::exception&) {
+    return {};
+  }
+  std::string stem = property.substr(0, property.find(' ')) + "_seed" + std::to_string(seed);
+  const char* dir = std::getenv("PARTITA_REGRESSIONS_DIR");
+  std::ostringstream os;
+  if (dir && mpi::world_rank() == 0) {
+    const std::string path = std::string(dir) + "/" + stem + ".json";
+    std::ofstream(path) << text << "\n";
+    os << "kept as " << path << " (ctest replays spec_tests/regressions/ with partita run)\n";
+  } else {
+    os << "keep it: save the case line above as spec_tests/regressions/" << stem
+       << ".json (ctest replays it with partita run; PARTITA_REGRESSIONS_DIR=DIR writes it)\n";
+  }
+  return os.str();
 }
 
 }  // namespace
@@ -168,6 +193,10 @@ bool check_lockstep_impl(const std::string& name,
     os << "\n(shrinking stopped after " << deadline_cases
        << " cases that missed a deadline: the case above is the smallest that failed)";
   os << "\n" << replay_line(lp) << "\n";
+  // A shrunk case that `partita run` reads is kept as a regression (issue 9).
+  if (result.is<rc::detail::FailureResult>())
+    for (const auto& [type, value] : result.get<rc::detail::FailureResult>().counterExample)
+      if (const auto kept = keep_regression(name, lp.seed, value); !kept.empty()) os << kept;
   if (report) *report = os.str();
   if (mpi::world_rank() == 0) std::cerr << os.str() << std::flush;
   return false;

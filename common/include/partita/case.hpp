@@ -48,6 +48,13 @@ struct Case {
   // world rank r (the documented, reproducible scheme); present, random
   // values drawn from this seed and the rank (property tests).
   std::optional<uint64_t> data_seed;
+  // With data_seed, what is drawn (issue 9): "integers" (default), values in
+  // [-8, 8] ([0, 8] for uint8), whose sums over any team are exact in every
+  // dtype, so every result is compared bit for bit; or "normal", random
+  // normal values (integers for integer dtypes), where sums in another order
+  // differ in the last bits and reductions are compared elementwise within
+  // the dtype's tolerance.
+  std::string fill = "integers";
   // World ranks whose output does not reach the loss (issue 18): their
   // backward receives an undefined gradient, which the reference treats as
   // zero. The primitive's backward must still run there (it is collective).
