@@ -103,6 +103,30 @@ std::string check_forward(const mpi::Communicator& comm, const Call& c, at::Scal
   return "";
 }
 
+std::string check_backward(const mpi::Communicator& comm, const Call& c, at::ScalarType dtype,
+                           uint64_t seed) {
+  const int me = comm.rank(), p = comm.size();
+  Tensors xs, vs;
+  for (int r = 0; r < p; ++r) xs.push_back(input_of(seed, r, c.shape(r), dtype).requires_grad_(true));
+  const Tensors outs = c.reference(xs);
+  at::Tensor loss = at::zeros({}, at::kDouble);
+  for (int r = 0; r < p; ++r) {
+    vs.push_back(input_of(seed + 29, r, outs[r].sizes().vec(), dtype));
+    if (outs[r].requires_grad()) loss = loss + (outs[r].to(at::kDouble) * vs[r].to(at::kDouble)).sum();
+  }
+  at::Tensor want = at::zeros_like(xs[me]);
+  if (loss.requires_grad()) {
+    const auto grads = torch::autograd::grad({loss}, {xs[me]}, {}, false, false, true);
+    if (grads[0].defined()) want = grads[0];
+  }
+  const at::Tensor x = input_of(seed, me, c.shape(me), dtype).requires_grad_(true);
+  const at::Tensor out = c.run(comm, x);
+  if (out.requires_grad()) torch::autograd::backward({out}, {vs[me]});
+  const at::Tensor got = x.grad().defined() ? x.grad() : at::zeros_like(x);
+  const std::string why = compare(got, want.detach());
+  return why.empty() ? "" : c.name + " backward (" + c10::toString(dtype) + "): " + why;
+}
+
 namespace {
 double dot_product(const at::Tensor& a, const at::Tensor& b) {
   if (a.numel() == 0) return 0;

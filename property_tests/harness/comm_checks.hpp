@@ -59,6 +59,12 @@ std::string check_adjoint(const mpi::Communicator& comm, const Call& c, uint64_t
 std::string check_gradient(const mpi::Communicator& comm, const Call& c, uint64_t seed,
                            int cotangents = 1);
 
+// Backward against the reference's autograd: with random cotangents v_r
+// (drawn from seed + 29 per rank), this rank's input gradient of
+// sum_r <F(x)_r, v_r> equals the reference's (float dtypes).
+std::string check_backward(const mpi::Communicator& comm, const Call& c, at::ScalarType dtype,
+                           uint64_t seed);
+
 // Every rank's reference output of `c` (its inputs drawn as above).
 Tensors reference_outputs(const Call& c, int ranks, at::ScalarType dtype, uint64_t seed);
 
