@@ -38,6 +38,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "paired.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/all_gather.hpp"
 #include "partita/nn/all_sum_reduce.hpp"
@@ -51,100 +52,8 @@ namespace {
 using partita::mpi::world_comm;
 using partita::mpi::world_rank;
 using partita::mpi::world_size;
-
-void barrier() {
-  MPI_Request req;
-  MPI_Ibarrier(world_comm(), &req);
-  partita::mpi::wait(req, "bench barrier");
-}
-
-// One timed call: after a barrier, the slowest rank's time (every rank gets
-// the same figure, so every rank takes the same decisions).
-template <typename Body>
-double once(Body&& body) {
-  barrier();
-  const auto t0 = std::chrono::steady_clock::now();
-  body();
-  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  double slowest = 0;
-  MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, world_comm());
-  return slowest;
-}
-
-// Peak resident memory of this process since the last reset, in MiB
-// (VmHWM). Resetting writes 5 to /proc/self/clear_refs (Linux >= 4.0); where
-// that is refused the peak is the process's lifetime peak.
-double vm_status_mib(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key, 0) == 0) return std::atof(line.c_str() + std::strlen(key)) / 1024.0;
-  return 0;
-}
-void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
-
-double planted_slowdown() {
-  static const double f = [] {
-    const char* v = std::getenv("PARTITA_BENCH_PLANT_SLOWDOWN");
-    return v ? std::atof(v) : 0.0;
-  }();
-  return f;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// Each iteration times partita's call and its raw-MPI twin back to back (in
-// alternating order), so both see the same machine: on a shared 2-core
-// machine, runs minutes apart differ by more than the overhead measured.
-// The benchmark's time is partita's; counters: mpi_us and partita_us
-// (medians over the iterations) and ratio = partita_us / mpi_us.
-template <typename Ours, typename Raw>
-void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw) {
-  std::vector<double> t_ours, t_raw;
-  bool raw_first = true;
-  auto ours = [&] {
-    const auto t0 = std::chrono::steady_clock::now();
-    ours_call();
-    if (planted_slowdown() > 0) {
-      const auto until = t0 + (std::chrono::steady_clock::now() - t0) * (1 + planted_slowdown());
-      while (std::chrono::steady_clock::now() < until) {
-      }
-    }
-  };
-  reset_peak_rss();
-  const double rss_before = vm_status_mib("VmRSS:");
-  for (auto _ : state) {
-    double a, b;
-    if (raw_first) {
-      a = once(raw);
-      b = once(ours);
-    } else {
-      b = once(ours);
-      a = once(raw);
-    }
-    raw_first = !raw_first;
-    state.SetIterationTime(b);
-    t_ours.push_back(b);
-    t_raw.push_back(a);
-  }
-  state.SetBytesProcessed(state.iterations() * bytes);
-  const double m_ours = median(t_ours) * 1e6, m_raw = median(t_raw) * 1e6;
-  state.counters["partita_us"] = m_ours;
-  state.counters["mpi_us"] = m_raw;
-  state.counters["ratio"] = m_raw > 0 ? m_ours / m_raw : 0;
-  state.counters["ranks"] = world_size();
-  // Peak resident memory over the benchmark, the largest and smallest over
-  // the ranks, and the largest growth over the memory held before it.
-  double mine[3] = {vm_status_mib("VmHWM:"), -vm_status_mib("VmHWM:"), 0}, all[3];
-  mine[2] = mine[0] - rss_before;
-  MPI_Allreduce(mine, all, 3, MPI_DOUBLE, MPI_MAX, world_comm());
-  state.counters["peak_rss_mib"] = all[0];
-  state.counters["peak_rss_mib_min_rank"] = -all[1];
-  state.counters["rss_growth_mib"] = all[2];
-}
+using partita::bench::once;
+using partita::bench::paired;
 
 struct Layers {
   partita::mpi::CartesianPartition root, all;
@@ -424,6 +333,8 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("libtorch", TORCH_VERSION);
   benchmark::AddCustomContext("ranks", std::to_string(world_size()));
   for (const auto& [name, twin] : kTwins) benchmark::AddCustomContext("twin:" + name, twin);
+  for (const auto& [name, twin] : partita::bench::communicator_twins())
+    benchmark::AddCustomContext("twin:" + name, twin);
   size_t ran = 0;
   if (world_rank() == 0) {
     ran = benchmark::RunSpecifiedBenchmarks();

@@ -123,9 +123,7 @@ at::Tensor Communicator::bcast_(const at::Tensor& t, int root) const {
   raw_bcast(s, buf, root, what);
   auto state = s_;
   at::Tensor out = attach(buf, t, "BcastInPlaceBackward", [state, root, what](const at::Tensor& g) {
-    at::Tensor b = g.clone(at::MemoryFormat::Contiguous);
-    raw_reduce(*state, b, ReduceOp::kSum, root, what + " adjoint");
-    return b;
+    return reduce_sum_to(*state, g, root, what + " adjoint");
   });
   forbid_reuse(t, what);
   return out;
@@ -153,9 +151,7 @@ at::Tensor Communicator::reduce_(const at::Tensor& t, ReduceOp op, int root) con
   } else {
     auto state = s_;
     out = attach(buf, t, "ReduceSumInPlaceBackward", [state, root, what](const at::Tensor& g) {
-      at::Tensor b = g.clone(at::MemoryFormat::Contiguous);
-      raw_bcast(*state, b, root, what + " adjoint");
-      return b;
+      return bcast_from(*state, g, root, what + " adjoint");
     });
   }
   forbid_reuse(t, what);

@@ -92,6 +92,11 @@ void raw_bcast(const CommState& s, at::Tensor& buf, int root, const std::string&
 // In place on `buf` (contiguous): the root's holds the reduction, others zeros.
 void raw_reduce(const CommState& s, at::Tensor& buf, ReduceOp op, int root,
                 const std::string& what);
+// Out of place, for the adjoints: the sum at the root (zeros elsewhere), and
+// the root's x everywhere (the root's result may be x itself).
+at::Tensor reduce_sum_to(const CommState& s, const at::Tensor& x, int root,
+                         const std::string& what);
+at::Tensor bcast_from(const CommState& s, const at::Tensor& x, int root, const std::string& what);
 // `extents[i]`: rank i's extent along `axis` (the other extents agree).
 at::Tensor raw_gather(const CommState& s, const at::Tensor& x, int64_t axis,
                       const std::vector<int64_t>& extents, int root, const std::string& what);

@@ -40,9 +40,10 @@ struct NonBlockingBackward : torch::autograd::Node {
     if (p->adjoint_waited) throw Error(p->what() + ": backward ran twice");
     wait(p->adjoint_request, (p->what() + " adjoint").c_str());
     p->adjoint_waited = true;
-    at::Tensor g = p->kind == Pending::kSend
-                       ? p->adjoint_buffer
-                       : at::zeros(p->sizes, p->options);  // a received buffer is overwritten
+    // A received buffer is overwritten: its gradient is zero (a zero-stride
+    // view, no memory).
+    at::Tensor g = p->kind == Pending::kSend ? p->adjoint_buffer
+                                             : at::zeros({}, p->options).expand(p->sizes);
     p->adjoint_buffer = at::Tensor();
     return {g};
   }
@@ -58,7 +59,7 @@ struct WaitBackward : torch::autograd::Node {
     const CommState& s = *p->comm;
     const int adjoint_tag = p->tag + s.max_tag;
     if (p->kind == Pending::kSend) {
-      p->adjoint_buffer = at::zeros(p->sizes, p->options);
+      p->adjoint_buffer = at::empty(p->sizes, p->options);
       PARTITA_MPI_CHECK(MPI_Irecv(p->adjoint_buffer.data_ptr(),
                                   mpi_count(p->adjoint_buffer.numel(), p->what()),
                                   comm_datatype(p->adjoint_buffer.scalar_type()), p->peer,
@@ -66,7 +67,9 @@ struct WaitBackward : torch::autograd::Node {
     } else {
       at::Tensor g = grads.empty() || !grads[0].defined() ? at::zeros(p->sizes, p->options)
                                                            : grads[0];
-      p->adjoint_buffer = g.to(p->options.dtype()).contiguous().clone();
+      // Held until the send is done; the engine does not write into a
+      // gradient it does not own alone (AccumulateGrad copies it then).
+      p->adjoint_buffer = g.to(p->options.dtype()).contiguous();
       PARTITA_MPI_CHECK(MPI_Isend(p->adjoint_buffer.data_ptr(),
                                   mpi_count(p->adjoint_buffer.numel(), p->what()),
                                   comm_datatype(p->adjoint_buffer.scalar_type()), p->peer,
@@ -85,8 +88,11 @@ struct JoinDummiesBackward : torch::autograd::Node {
   variable_list apply(variable_list&& grads) override {
     variable_list out(sizes.size());
     out[0] = grads.empty() ? at::Tensor() : grads[0];
-    // Zeros, always defined, so that every dummy's branch runs.
-    for (size_t i = 1; i < sizes.size(); ++i) out[i] = at::zeros(sizes[i], options[i]);
+    // No gradient (undefined) for the dummies: the engine still runs their
+    // branches (a node runs once all its inputs are in, defined or not), and
+    // an undefined gradient costs nothing to add where a dummy is also used
+    // for its values (the ring's b); zeros would cost a pass over the data.
+    // The seed's ring tests fail if a branch is skipped.
     return out;
   }
   std::string name() const override { return "JoinDummiesBackward"; }

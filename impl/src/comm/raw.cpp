@@ -48,14 +48,15 @@ at::Tensor back_from(const at::Tensor& front, int64_t axis) {
 
 at::Tensor raw_allreduce(const CommState& s, const at::Tensor& x, ReduceOp op,
                          const std::string& what) {
-  at::Tensor out = x.clone(at::MemoryFormat::Contiguous);
-  if (s.size > 1 && out.numel() > 0) {
-    MPI_Request req;
-    PARTITA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, out.data_ptr(), mpi_count(out.numel(), what),
-                                     comm_datatype(out.scalar_type()),
-                                     comm_op(op, out.scalar_type()), s.comm, &req));
-    wait(req, what.c_str());
-  }
+  // MPI reads the input and writes a fresh output: no copy of our own.
+  const at::Tensor in = x.contiguous();
+  if (s.size == 1 || in.numel() == 0) return in.clone();
+  at::Tensor out = at::empty(in.sizes(), in.options());
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Iallreduce(in.data_ptr(), out.data_ptr(), mpi_count(in.numel(), what),
+                                   comm_datatype(in.scalar_type()), comm_op(op, in.scalar_type()),
+                                   s.comm, &req));
+  wait(req, what.c_str());
   return out;
 }
 
@@ -78,6 +79,29 @@ void raw_reduce(const CommState& s, at::Tensor& buf, ReduceOp op, int root,
     wait(req, what.c_str());
   }
   if (s.rank != root) buf.zero_();  // mpi4torch: zeros off the root
+}
+
+at::Tensor reduce_sum_to(const CommState& s, const at::Tensor& x, int root,
+                         const std::string& what) {
+  const at::Tensor in = x.contiguous();
+  if (s.size == 1) return in.clone();
+  const bool me = s.rank == root;
+  at::Tensor out = me ? at::empty(in.sizes(), in.options()) : at::Tensor();
+  if (in.numel() > 0) {
+    MPI_Request req;
+    PARTITA_MPI_CHECK(MPI_Ireduce(in.data_ptr(), me ? out.data_ptr() : nullptr,
+                                  mpi_count(in.numel(), what), comm_datatype(in.scalar_type()),
+                                  comm_op(ReduceOp::kSum, in.scalar_type()), root, s.comm, &req));
+    wait(req, what.c_str());
+  }
+  return me ? out : at::zeros(in.sizes(), in.options());
+}
+
+at::Tensor bcast_from(const CommState& s, const at::Tensor& x, int root, const std::string& what) {
+  // The root only reads its tensor: it is returned as it is.
+  at::Tensor buf = s.rank == root ? x.contiguous() : at::empty(x.sizes(), x.options());
+  raw_bcast(s, buf, root, what);
+  return buf;
 }
 
 at::Tensor raw_gather(const CommState& s, const at::Tensor& x, int64_t axis,
@@ -241,13 +265,25 @@ at::Tensor raw_alltoall(const CommState& s, const at::Tensor& x, int64_t gather_
   // Position of gather_axis in the front layout.
   const int64_t g_front = gather_axis < scatter_axis ? gather_axis + 1 : gather_axis;
   std::vector<at::Tensor> pieces;
+  bool in_place = true;  // is the receive buffer already the output's layout?
+  std::vector<int64_t> out_sizes = x.sizes().vec();
+  out_sizes[scatter_axis] = numelem[me];
+  out_sizes[gather_axis] = 0;
   for (int i = 0; i < p; ++i) {
     fsizes[0] = numelem[me];
     fsizes[g_front] = gextents[i];
-    pieces.push_back(recv.narrow(0, rdispls[i], rcounts[i]).view(fsizes));
+    at::Tensor piece = recv.narrow(0, rdispls[i], rcounts[i]).view(fsizes);
+    if (scatter_axis != 0) piece = piece.movedim(0, scatter_axis);
+    in_place = in_place && piece.is_contiguous();
+    pieces.push_back(piece);
+    out_sizes[gather_axis] += gextents[i];
   }
-  at::Tensor out = at::cat(pieces, g_front);
-  return back_from(out, scatter_axis);
+  // The pieces follow each other in memory when every one is contiguous in
+  // the output's layout and nothing outside them precedes gather_axis:
+  // then the buffer is the output (no copy), else one concatenation.
+  for (int64_t d = 0; d < gather_axis; ++d) in_place = in_place && out_sizes[d] == 1;
+  if (in_place) return recv.view(out_sizes);
+  return at::cat(pieces, gather_axis);
 }
 
 }  // namespace partita::mpi::detail

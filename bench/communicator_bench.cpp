@@ -1,0 +1,179 @@
+// The differentiable communicator (issue 12) beside the raw MPI calls that
+// move the same bytes, timed in the same iterations (paired.hpp):
+//
+//   comm_allreduce  allreduce(x, SUM)                  vs MPI_Allreduce
+//   comm_bcast      bcast_(x, 0)                       vs MPI_Bcast
+//   comm_alltoall   alltoall(x[1, n], 0, 1, n / p)     vs MPI_Alltoall of n / p floats
+//   comm_ring       isend right, irecv left, 2 waits   vs MPI_Isend + MPI_Irecv + MPI_Waitall
+//
+// "_fwd" is the forward call; "_fwdbwd" forward then backward, beside the
+// raw calls of both directions (allreduce twice; bcast + reduce; alltoall
+// twice; the ring both ways). The ring's forward+backward is the seed's
+// graph with join_dummies / join_dummies_handle. Sizes are the bytes of the
+// float32 tensor each rank passes.
+#include <torch/torch.h>
+
+#include "paired.hpp"
+#include "partita/mpi/communicator.hpp"
+
+namespace partita::bench {
+
+namespace {
+
+using partita::mpi::Communicator;
+
+const Communicator& comm() {
+  static const Communicator c = Communicator::world();
+  return c;
+}
+int64_t floats(const benchmark::State& s) { return s.range(0) / 4; }
+int n_of(const at::Tensor& t) { return static_cast<int>(t.numel()); }
+at::Tensor data(int64_t n) { return torch::randn({n}); }
+
+void backward_and_reset(const at::Tensor& y, const at::Tensor& dy, const at::Tensor& x) {
+  torch::autograd::backward({y}, {dy});
+  x.mutable_grad().reset();
+}
+
+// ---- allreduce ------------------------------------------------------------
+void comm_allreduce_fwd(benchmark::State& s) {
+  const at::Tensor x = data(floats(s));
+  at::Tensor buf = data(floats(s)), out = data(floats(s));
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(comm().allreduce(x, ReduceOp::kSum)); },
+         [&] {
+           MPI_Allreduce(buf.data_ptr(), out.data_ptr(), n_of(buf), MPI_FLOAT, MPI_SUM,
+                         world_comm());
+         });
+}
+void comm_allreduce_fwdbwd(benchmark::State& s) {
+  const at::Tensor x = data(floats(s)).requires_grad_();
+  const at::Tensor dy = data(floats(s));
+  at::Tensor buf = data(floats(s)), out = data(floats(s));
+  paired(s, s.range(0),
+         [&] { backward_and_reset(comm().allreduce(x, ReduceOp::kSum), dy, x); },
+         [&] {
+           MPI_Allreduce(buf.data_ptr(), out.data_ptr(), n_of(buf), MPI_FLOAT, MPI_SUM,
+                         world_comm());
+           MPI_Allreduce(out.data_ptr(), buf.data_ptr(), n_of(buf), MPI_FLOAT, MPI_SUM,
+                         world_comm());
+         });
+}
+
+// ---- bcast_ (in place, from rank 0) -------------------------------------------
+void comm_bcast_fwd(benchmark::State& s) {
+  at::Tensor x = data(floats(s));
+  at::Tensor buf = data(floats(s));
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(comm().bcast_(x, 0)); },
+         [&] { MPI_Bcast(buf.data_ptr(), n_of(buf), MPI_FLOAT, 0, world_comm()); });
+}
+void comm_bcast_fwdbwd(benchmark::State& s) {
+  const at::Tensor x = data(floats(s)).requires_grad_();
+  const at::Tensor dy = data(floats(s));
+  at::Tensor buf = data(floats(s)), out = data(floats(s));
+  paired(s, s.range(0), [&] { backward_and_reset(comm().bcast_(x, 0), dy, x); }, [&] {
+    MPI_Bcast(buf.data_ptr(), n_of(buf), MPI_FLOAT, 0, world_comm());
+    MPI_Reduce(buf.data_ptr(), out.data_ptr(), n_of(buf), MPI_FLOAT, MPI_SUM, 0, world_comm());
+  });
+}
+
+// ---- alltoall: a [1, n] row, piece j to rank j, gathered along axis 0 --------
+// (the receive buffer is the output: no copy on either side)
+void comm_alltoall_fwd(benchmark::State& s) {
+  const int p = world_size();
+  const int64_t piece = floats(s) / p;
+  const at::Tensor x = data(piece * p).view({1, piece * p});
+  at::Tensor send = data(piece * p), recv = data(piece * p);
+  paired(s, s.range(0),
+         [&] { benchmark::DoNotOptimize(comm().alltoall(x, 0, 1, piece)); },
+         [&] {
+           MPI_Alltoall(send.data_ptr(), static_cast<int>(piece), MPI_FLOAT, recv.data_ptr(),
+                        static_cast<int>(piece), MPI_FLOAT, world_comm());
+         });
+}
+void comm_alltoall_fwdbwd(benchmark::State& s) {
+  const int p = world_size();
+  const int64_t piece = floats(s) / p;
+  const at::Tensor x = data(piece * p).view({1, piece * p}).requires_grad_();
+  const at::Tensor dy = data(piece * p).view({p, piece});
+  at::Tensor send = data(piece * p), recv = data(piece * p);
+  paired(s, s.range(0), [&] { backward_and_reset(comm().alltoall(x, 0, 1, piece), dy, x); },
+         [&] {
+           for (int k = 0; k < 2; ++k)
+             MPI_Alltoall(k ? recv.data_ptr() : send.data_ptr(), static_cast<int>(piece),
+                          MPI_FLOAT, k ? send.data_ptr() : recv.data_ptr(),
+                          static_cast<int>(piece), MPI_FLOAT, world_comm());
+         });
+}
+
+// ---- the isend/irecv ring -----------------------------------------------------
+void raw_ring(at::Tensor& send, at::Tensor& recv, int to, int from) {
+  MPI_Request req[2];
+  MPI_Irecv(recv.data_ptr(), n_of(recv), MPI_FLOAT, from, 0, world_comm(), &req[0]);
+  MPI_Isend(send.data_ptr(), n_of(send), MPI_FLOAT, to, 0, world_comm(), &req[1]);
+  MPI_Waitall(2, req, MPI_STATUSES_IGNORE);
+}
+void comm_ring_fwd(benchmark::State& s) {
+  const int next = (world_rank() + 1) % world_size();
+  const int prev = (world_rank() - 1 + world_size()) % world_size();
+  const at::Tensor x = data(floats(s));
+  at::Tensor send = data(floats(s)), recv = data(floats(s));
+  paired(s, s.range(0),
+         [&] {
+           auto r = comm().irecv(x, prev, 0);
+           auto h = comm().isend(x, next, 0);
+           benchmark::DoNotOptimize(comm().wait(r));
+           comm().wait(h);
+         },
+         [&] { raw_ring(send, recv, next, prev); });
+}
+void comm_ring_fwdbwd(benchmark::State& s) {
+  const int next = (world_rank() + 1) % world_size();
+  const int prev = (world_rank() - 1 + world_size()) % world_size();
+  const at::Tensor a = data(floats(s)).requires_grad_();
+  const at::Tensor dy = data(floats(s));
+  at::Tensor send = data(floats(s)), recv = data(floats(s));
+  paired(s, s.range(0),
+         [&] {
+           auto h = comm().isend(a, next, 0);
+           auto rh = comm().irecv(mpi::join_dummies(torch::empty_like(a), {h.dummy()}), prev, 0);
+           at::Tensor b = comm().wait(rh);
+           at::Tensor w = comm().wait(mpi::join_dummies_handle(h, {b}));
+           backward_and_reset(mpi::join_dummies(b, {w}), dy, a);
+         },
+         [&] {
+           raw_ring(send, recv, next, prev);
+           raw_ring(recv, send, prev, next);
+         });
+}
+
+void sizes(benchmark::internal::Benchmark* b) {
+  for (int64_t bytes = 4 << 10; bytes <= 16 << 20; bytes *= 4) b->Arg(bytes);
+  b->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+BENCHMARK(comm_allreduce_fwd)->Apply(sizes);
+BENCHMARK(comm_allreduce_fwdbwd)->Apply(sizes);
+BENCHMARK(comm_bcast_fwd)->Apply(sizes);
+BENCHMARK(comm_bcast_fwdbwd)->Apply(sizes);
+BENCHMARK(comm_alltoall_fwd)->Apply(sizes);
+BENCHMARK(comm_alltoall_fwdbwd)->Apply(sizes);
+BENCHMARK(comm_ring_fwd)->Apply(sizes);
+BENCHMARK(comm_ring_fwdbwd)->Apply(sizes);
+
+}  // namespace
+
+const std::map<std::string, std::string>& communicator_twins() {
+  static const std::map<std::string, std::string> twins = {
+      {"comm_allreduce_fwd", "MPI_Allreduce"},
+      {"comm_allreduce_fwdbwd", "2 x MPI_Allreduce"},
+      {"comm_bcast_fwd", "MPI_Bcast"},
+      {"comm_bcast_fwdbwd", "MPI_Bcast + MPI_Reduce"},
+      {"comm_alltoall_fwd", "MPI_Alltoall"},
+      {"comm_alltoall_fwdbwd", "2 x MPI_Alltoall"},
+      {"comm_ring_fwd", "MPI_Irecv + MPI_Isend + MPI_Waitall"},
+      {"comm_ring_fwdbwd", "2 x (MPI_Irecv + MPI_Isend + MPI_Waitall)"},
+  };
+  return twins;
+}
+
+}  // namespace partita::bench
