@@ -213,6 +213,29 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
       } else {
         c.local_shape = base;
       }
+      // DistDL's form in a third of the cases (issue 9): the partition
+      // dimensions acted on (or their complement), the tensor dimension the
+      // same index, every worker one shape; scale_backward on some gathers;
+      // now and then both axes and axes_keep (an error on both sides).
+      if (chance(1, 3)) {
+        const size_t pd = c.P_x.shape.size();
+        Shape t;
+        for (size_t d = 0; d < pd + (chance(1, 3) ? 1 : 0); ++d)
+          t.push_back(chance(1, 10) ? 0 : *rc::gen::inRange<int64_t>(1, 4));
+        c.local_shapes.clear();
+        c.local_shape = t;
+        GatherAxes a;
+        std::vector<int> dims;
+        for (size_t d = 0; d < pd; ++d)
+          if (chance(1, 2)) dims.push_back(static_cast<int>(d));
+        if (chance(1, 2)) a.axes = dims;
+        else a.axes_keep = dims;
+        if (chance(1, 12)) a.axes_keep = a.axes = dims;
+        if (c.primitive == "all_gather" && chance(1, 3))
+          for (size_t d = 0; d < pd; ++d)
+            if (chance(1, 2)) a.scale_backward.push_back(static_cast<int>(d));
+        c.distdl = a;
+      }
     }
     if (c.primitive == "repartition") {
       // A global shape with at least as many dimensions as either partition,

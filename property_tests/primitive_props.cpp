@@ -29,6 +29,8 @@ std::vector<std::string> features(const Case& c) {
   if (c.options.transpose_src || c.options.transpose_dest) f.push_back("transposed partition");
   if (!c.unused_outputs.empty()) f.push_back("some outputs unused");
   if (c.data_seed && c.fill == "normal") f.push_back("random normal fill");
+  if (c.distdl) f.push_back("DistDL's axes");
+  if (c.distdl && !c.distdl->scale_backward.empty()) f.push_back("scale_backward");
   bool zero = false, uneven = false;
   const Shape first = c.input_shape(c.P_x.ranks.front());
   for (int r : c.P_x.ranks) {
@@ -48,6 +50,8 @@ std::vector<std::string> required_features(const std::string& primitive, int wor
   if (primitive == "broadcast" || primitive == "sum_reduce" || primitive == "all_sum_reduce")
     need.push_back("preserve_batch");
   if (primitive == "broadcast" || primitive == "sum_reduce") need.push_back("transposed partition");
+  if (primitive == "all_gather" || primitive == "reduce_scatter") need.push_back("DistDL's axes");
+  if (primitive == "all_gather") need.push_back("scale_backward");
   // One worker holds one piece; reduce-scatter's pieces are equal by its rule.
   if (world >= 2 && primitive != "reduce_scatter") need.push_back("uneven tiling");
   return need;

@@ -176,6 +176,76 @@ TEST(MpiGather, AllGatherAndReduceScatterOn2x2) {
   EXPECT_TRUE(agreed(ok));
 }
 
+// DistDL's parameters (issue 9), values by hand. P_x = 2x2 on ranks 0-3,
+// worker (i, j) holds the 1x1 tensor [[10 i + j]].
+// axes_all_gather {1}: row i of the 2x2 block, [[10 i, 10 i + 1]];
+// axes_keep {0} says the same; axes_all_gather {0, 1}: the whole block
+// [[0, 1], [10, 11]] on every worker. With scale_backward {0, 1} and an
+// all-ones gradient, each worker's input gradient is 4 (the four copies)
+// divided by 2 * 2 = 1; without it, 4. ReduceScatter with
+// axes_reduce_scatter {0, 1} on the 2x2 input [[1, 2], [3, 4]] * (r + 1)
+// on rank r: the sum is [[10, 20], [30, 40]], worker (i, j) keeps [[10 (2 i +
+// j + 1)]].
+TEST(MpiGather, DistDLAxesKeepAndScaleBackwardOn2x2) {
+  if (mpi::world_size() < 4) GTEST_SKIP() << "needs 4 ranks, running at " << mpi::world_size();
+  torch::set_num_threads(1);
+  const int me = mpi::world_rank();
+  const auto px = cartesian({0, 1, 2, 3}, {2, 2});
+  const int i = me / 2, j = me % 2;
+  auto input = [&] {
+    return (px.active() ? at::full({1, 1}, 10.0 * i + j, at::kDouble) : at::zeros({0}, at::kDouble))
+        .requires_grad_();
+  };
+  bool ok = true;
+  nn::AllGather row(px, GatherAxes{std::vector<int>{1}, std::nullopt, {}});
+  nn::AllGather keep(px, GatherAxes{std::nullopt, std::vector<int>{0}, {}});
+  nn::AllGather all(px, GatherAxes{std::vector<int>{0, 1}, std::nullopt, {}});
+  nn::AllGather scaled(px, GatherAxes{std::vector<int>{0, 1}, std::nullopt, {0, 1}});
+  const auto x1 = input(), x2 = input(), x3 = input(), x4 = input();
+  const auto y_row = row(x1), y_keep = keep(x2), y_all = all(x3), y_scaled = scaled(x4);
+  const auto gy = px.active() ? at::ones({2, 2}, at::kDouble) : at::zeros({0}, at::kDouble);
+  const auto gy_before = gy.clone();
+  torch::autograd::backward({y_all, y_scaled}, {gy, gy});
+  if (px.active()) {
+    const auto want_row = torch::tensor({{10.0 * i, 10.0 * i + 1}}, at::kDouble);
+    const auto want_all = torch::tensor({{0.0, 1.0}, {10.0, 11.0}}, at::kDouble);
+    EXPECT_TRUE(at::equal(y_row, want_row)) << y_row;
+    EXPECT_TRUE(at::equal(y_keep, want_row)) << y_keep;
+    EXPECT_TRUE(at::equal(y_all, want_all)) << y_all;
+    EXPECT_TRUE(at::equal(y_scaled, want_all)) << y_scaled;
+    EXPECT_TRUE(at::equal(x3.grad(), at::full({1, 1}, 4.0, at::kDouble))) << x3.grad();
+    EXPECT_TRUE(at::equal(x4.grad(), at::full({1, 1}, 1.0, at::kDouble))) << x4.grad();
+    ok = at::equal(y_row, want_row) && at::equal(y_all, want_all) &&
+         at::equal(x4.grad(), at::full({1, 1}, 1.0, at::kDouble));
+  }
+  EXPECT_TRUE(at::equal(gy, gy_before)) << "the caller's gradient was modified";
+
+  nn::ReduceScatter scatter(px, GatherAxes{std::vector<int>{0, 1}, std::nullopt, {}});
+  const auto s = scatter(px.active() ? torch::tensor({{1.0, 2.0}, {3.0, 4.0}}, at::kDouble) * (me + 1)
+                                     : at::zeros({0}, at::kDouble));
+  if (px.active()) {
+    const auto want = at::full({1, 1}, 10.0 * (2 * i + j + 1), at::kDouble);
+    EXPECT_TRUE(at::equal(s, want)) << s;
+    ok = ok && at::equal(s, want);
+  }
+  // Neither or both of the axes, a dimension out of range or twice,
+  // scale_backward on a reduce-scatter: PartitionError on every rank.
+  auto raises = [](auto make) {
+    try {
+      make();
+    } catch (const PartitionError&) {
+      return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(raises([&] { nn::AllGather(px, GatherAxes{}); }));
+  EXPECT_TRUE(raises([&] { nn::AllGather(px, GatherAxes{std::vector<int>{0}, std::vector<int>{1}, {}}); }));
+  EXPECT_TRUE(raises([&] { nn::AllGather(px, GatherAxes{std::vector<int>{2}, std::nullopt, {}}); }));
+  EXPECT_TRUE(raises([&] { nn::AllGather(px, GatherAxes{std::vector<int>{1, 1}, std::nullopt, {}}); }));
+  EXPECT_TRUE(raises([&] { nn::ReduceScatter(px, GatherAxes{std::vector<int>{0}, std::nullopt, {0}}); }));
+  EXPECT_TRUE(agreed(ok));
+}
+
 }  // namespace
 }  // namespace partita::spec
 

@@ -174,7 +174,10 @@ CaseOutcome run_case(const Case& c) {
     if (c.primitive == "broadcast") yr = reference::broadcast(rx, rpart(*c.P_y), xr, c.options);
     else if (c.primitive == "sum_reduce") yr = reference::sum_reduce(rx, rpart(*c.P_y), xr, c.options);
     else if (c.primitive == "repartition") yr = reference::repartition(rx, rpart(*c.P_y), xr);
+    else if (c.primitive == "all_gather" && c.distdl) yr = reference::all_gather(rx, *c.distdl, xr);
     else if (c.primitive == "all_gather") yr = reference::all_gather(rx, c.axis, c.dim, xr);
+    else if (c.primitive == "reduce_scatter" && c.distdl)
+      yr = reference::reduce_scatter(rx, *c.distdl, xr);
     else if (c.primitive == "reduce_scatter") yr = reference::reduce_scatter(rx, c.axis, c.dim, xr);
     else if (c.primitive == "halo_exchange") yr = reference::halo_exchange(rx, c.left, c.right, xr);
     else yr = reference::all_sum_reduce(rx, c.axes, xr);
@@ -197,10 +200,11 @@ CaseOutcome run_case(const Case& c) {
       nn::Repartition layer(px, mpart(*c.P_y));
       y = layer(out.x);
     } else if (c.primitive == "all_gather") {
-      nn::AllGather layer(px, c.axis, c.dim);
+      nn::AllGather layer = c.distdl ? nn::AllGather(px, *c.distdl) : nn::AllGather(px, c.axis, c.dim);
       y = layer(out.x);
     } else if (c.primitive == "reduce_scatter") {
-      nn::ReduceScatter layer(px, c.axis, c.dim);
+      nn::ReduceScatter layer =
+          c.distdl ? nn::ReduceScatter(px, *c.distdl) : nn::ReduceScatter(px, c.axis, c.dim);
       y = layer(out.x);
     } else if (c.primitive == "halo_exchange") {
       nn::HaloExchange layer(px, c.left, c.right);
@@ -267,7 +271,12 @@ CaseOutcome run_case(const Case& c) {
         torch::autograd::backward({y}, {dyr[me]});
     }
     out.dx = out.x.grad().defined() ? out.x.grad() : at::zeros_like(out.x);
-    const auto backward_compare = c.primitive == "repartition" ? Compare::Exact : sums;
+    // (scale_backward divides before the adjoint sums: quotients added in
+    // another order differ in the last bits.)
+    const bool scaled = c.distdl && !c.distdl->scale_backward.empty();
+    const auto backward_compare = c.primitive == "repartition" ? Compare::Exact
+                                  : scaled                      ? Compare::Elementwise
+                                                                : sums;
     if (!close(out.dx, dxr[me], backward_compare, &why)) problems.push_back("backward " + why);
 
     // Adjoint identity, summed over all workers: MPI (reduced) and reference.

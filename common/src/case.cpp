@@ -100,6 +100,11 @@ json::Value spec_json(const PartitionSpec& s) {
   return json::Value{{"ranks", s.ranks}, {"shape", s.shape}};
 }
 
+GatherAxes& distdl_of(Case& c) {
+  if (!c.distdl) c.distdl = GatherAxes{};
+  return *c.distdl;
+}
+
 // The fields of a case file: one row each (name, what is expected, how it is
 // read into the Case). A key not in this table is an error.
 struct Rule {
@@ -124,6 +129,14 @@ const Rule kRules[] = {
      [](const Field& f, Case& c) { c.axis = static_cast<int>(f.integer(0)); }},
     {"dim", "a non-negative integer (a tensor dimension)",
      [](const Field& f, Case& c) { c.dim = f.integer(0); }},
+    {"axes_all_gather", "an array of non-negative integers (dimensions of P_x; all_gather)",
+     [](const Field& f, Case& c) { distdl_of(c).axes = f.small_integers(0); }},
+    {"axes_reduce_scatter", "an array of non-negative integers (dimensions of P_x; reduce_scatter)",
+     [](const Field& f, Case& c) { distdl_of(c).axes = f.small_integers(0); }},
+    {"axes_keep", "an array of non-negative integers (dimensions of P_x)",
+     [](const Field& f, Case& c) { distdl_of(c).axes_keep = f.small_integers(0); }},
+    {"scale_backward", "an array of non-negative integers (dimensions of P_x; all_gather)",
+     [](const Field& f, Case& c) { distdl_of(c).scale_backward = f.small_integers(0); }},
     {"left", "an array of non-negative integers (ghost widths)",
      [](const Field& f, Case& c) { c.left = f.integers(0); }},
     {"right", "an array of non-negative integers (ghost widths)",
@@ -189,7 +202,7 @@ const Rule& rule(const std::string& name) {
 // The fields each primitive needs besides primitive and P_x.
 std::vector<const char*> required_by(const std::string& primitive) {
   if (primitive == "all_sum_reduce") return {"axes"};
-  if (primitive == "all_gather" || primitive == "reduce_scatter") return {"axis", "dim"};
+  if (primitive == "all_gather" || primitive == "reduce_scatter") return {"axis", "dim"};  // or DistDL's
   if (primitive == "halo_exchange") return {"left", "right"};
   return {"P_y"};
 }
@@ -218,8 +231,31 @@ Case Case::from_json(const json::Value& v, const std::string& source) {
   };
   if (!v.contains("primitive")) missing("primitive", "");
   if (!v.contains("P_x")) missing("P_x", "");
+  const bool distdl_form = c.distdl.has_value();
   for (const char* name : required_by(c.primitive))
-    if (!v.contains(name)) missing(name, " (" + c.primitive + " needs it)");
+    if (!v.contains(name) && !(distdl_form && along_one_axis(c.primitive)))
+      missing(name, " (" + c.primitive + " needs it" +
+                        (along_one_axis(c.primitive)
+                             ? std::string(", or DistDL's axes_") + (c.primitive == "all_gather"
+                                                                         ? "all_gather"
+                                                                         : "reduce_scatter") +
+                                   " or axes_keep"
+                             : "") +
+                        ")");
+  if (distdl_form) {
+    auto wrong = [&](const char* name, const std::string& why) {
+      throw CaseError(source + ": field \"" + name + "\": " + why);
+    };
+    if (!along_one_axis(c.primitive))
+      for (const char* k : {"axes_all_gather", "axes_reduce_scatter", "axes_keep", "scale_backward"})
+        if (v.contains(k)) wrong(k, "only all_gather and reduce_scatter take it");
+    for (const char* k : {"axis", "dim"})
+      if (v.contains(k)) wrong(k, "not with DistDL's axes (axes_all_gather, axes_reduce_scatter, axes_keep)");
+    if (c.primitive == "all_gather" && v.contains("axes_reduce_scatter"))
+      wrong("axes_reduce_scatter", "all_gather takes axes_all_gather");
+    if (c.primitive == "reduce_scatter" && v.contains("axes_all_gather"))
+      wrong("axes_all_gather", "reduce_scatter takes axes_reduce_scatter");
+  }
 
   const int given = v.contains("global_shape") + v.contains("local_shape") + v.contains("local_shapes");
   if (given != 1)
@@ -267,7 +303,12 @@ json::Value Case::to_json() const {
   v["P_x"] = spec_json(P_x);
   if (P_y) v["P_y"] = spec_json(*P_y);
   if (primitive == "all_sum_reduce") v["axes"] = axes;
-  if (along_one_axis(primitive)) {
+  if (along_one_axis(primitive) && distdl) {
+    if (distdl->axes)
+      v[primitive == "all_gather" ? "axes_all_gather" : "axes_reduce_scatter"] = *distdl->axes;
+    if (distdl->axes_keep) v["axes_keep"] = *distdl->axes_keep;
+    if (!distdl->scale_backward.empty()) v["scale_backward"] = distdl->scale_backward;
+  } else if (along_one_axis(primitive)) {
     v["axis"] = axis;
     v["dim"] = dim;
   }

@@ -102,14 +102,69 @@ std::shared_ptr<GatherLayer> make(bool gather, const mpi::Partition& P_x, int ax
   return l;
 }
 
+// DistDL's axes: the partition dimensions acted on, ascending, checked.
+std::vector<int> resolve(const char* layer, const char* axes_name, const mpi::Partition& P_x,
+                         const GatherAxes& a) {
+  const std::string name = std::string(layer) + "(P_x " + P_x.describe() + ")";
+  if (a.axes.has_value() == a.axes_keep.has_value())
+    throw PartitionError(name + ": give exactly one of " + axes_name + " and axes_keep");
+  const int n = static_cast<int>(P_x.shape().size());
+  auto check = [&](const std::vector<int>& dims, const char* what) {
+    std::vector<bool> seen(n, false);
+    for (int d : dims) {
+      if (d < 0 || d >= n)
+        throw PartitionError(name + ": " + what + " names dimension " + std::to_string(d) +
+                             ", P_x has " + std::to_string(n));
+      if (seen[d])
+        throw PartitionError(name + ": " + what + " names dimension " + std::to_string(d) +
+                             " twice");
+      seen[d] = true;
+    }
+    return seen;
+  };
+  check(a.scale_backward, "scale_backward");
+  const auto listed = check(a.axes ? *a.axes : *a.axes_keep, a.axes ? axes_name : "axes_keep");
+  std::vector<int> dims;
+  for (int d = 0; d < n; ++d)
+    if (listed[d] == a.axes.has_value()) dims.push_back(d);
+  return dims;
+}
+
+at::Tensor run(const std::vector<std::shared_ptr<const GatherLayer>>& layers, const at::Tensor& x) {
+  if (layers.empty()) return x.clone();  // nothing to gather: a copy
+  at::Tensor y = x;
+  for (const auto& l : layers) y = l->forward(y);
+  return y;
+}
+
 }  // namespace detail
 
 AllGatherImpl::AllGatherImpl(const mpi::Partition& P_x, int axis, int64_t dim)
-    : layer_(detail::make(true, P_x, axis, dim)) {}
-torch::Tensor AllGatherImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
+    : layers_{detail::make(true, P_x, axis, dim)} {}
+AllGatherImpl::AllGatherImpl(const mpi::Partition& P_x, const GatherAxes& axes) {
+  for (int d : detail::resolve("AllGather", "axes_all_gather", P_x, axes))
+    layers_.push_back(detail::make(true, P_x, d, d));
+  for (int d : axes.scale_backward) scale_backward_ *= static_cast<double>(P_x.shape()[d]);
+}
+torch::Tensor AllGatherImpl::forward(const torch::Tensor& x) {
+  const auto y = detail::run(layers_, x);
+  if (scale_backward_ == 1 || !y.requires_grad()) return y;
+  // Backward divides the gradient arriving at y (a new tensor: the caller's
+  // gradient is not modified) before the adjoint reduce-scatter sees it.
+  const double factor = scale_backward_;
+  y.register_hook([factor](const at::Tensor& g) { return g / factor; });
+  return y;
+}
 
 ReduceScatterImpl::ReduceScatterImpl(const mpi::Partition& P_x, int axis, int64_t dim)
-    : layer_(detail::make(false, P_x, axis, dim)) {}
-torch::Tensor ReduceScatterImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
+    : layers_{detail::make(false, P_x, axis, dim)} {}
+ReduceScatterImpl::ReduceScatterImpl(const mpi::Partition& P_x, const GatherAxes& axes) {
+  if (!axes.scale_backward.empty())
+    throw PartitionError("ReduceScatter(P_x " + P_x.describe() +
+                         "): scale_backward is AllGather's parameter");
+  for (int d : detail::resolve("ReduceScatter", "axes_reduce_scatter", P_x, axes))
+    layers_.push_back(detail::make(false, P_x, d, d));
+}
+torch::Tensor ReduceScatterImpl::forward(const torch::Tensor& x) { return detail::run(layers_, x); }
 
 }  // namespace partita::nn

@@ -1,5 +1,8 @@
 #include "partita/reference/all_gather.hpp"
 
+#include <algorithm>
+
+#include "partita/errors.hpp"
 #include "partita/tensor_rules.hpp"
 
 namespace partita::reference {
@@ -20,6 +23,40 @@ Tensors all_gather(const Partition& P_x, int axis, int64_t dim, const Tensors& x
     }
     return at::cat(pieces, dim);
   });
+}
+
+// The partition dimensions DistDL's axes name, checked, ascending.
+std::vector<int> distdl_axes(const char* axes_name, const Partition& P_x, const GatherAxes& a) {
+  if (a.axes && a.axes_keep) throw PartitionError(std::string("both ") + axes_name + " and axes_keep");
+  if (!a.axes && !a.axes_keep) throw PartitionError(std::string("neither ") + axes_name + " nor axes_keep");
+  const int n = static_cast<int>(P_x.shape().size());
+  const std::vector<int>& listed = a.axes ? *a.axes : *a.axes_keep;
+  for (const std::vector<int>* dims : {&listed, &a.scale_backward})
+    for (size_t i = 0; i < dims->size(); ++i) {
+      if ((*dims)[i] < 0 || (*dims)[i] >= n) throw PartitionError("a dimension out of range");
+      for (size_t j = 0; j < i; ++j)
+        if ((*dims)[j] == (*dims)[i]) throw PartitionError("a dimension named twice");
+    }
+  std::vector<int> out;
+  for (int d = 0; d < n; ++d) {
+    const bool in = std::find(listed.begin(), listed.end(), d) != listed.end();
+    if (in == a.axes.has_value()) out.push_back(d);
+  }
+  return out;
+}
+
+Tensors all_gather(const Partition& P_x, const GatherAxes& axes, const Tensors& x) {
+  Tensors y = x;
+  const auto dims = distdl_axes("axes_all_gather", P_x, axes);
+  if (dims.empty())
+    for (auto& t : y) t = t.clone();
+  for (int d : dims) y = all_gather(P_x, d, d, y);
+  double factor = 1;
+  for (int d : axes.scale_backward) factor *= static_cast<double>(P_x.shape()[d]);
+  if (factor != 1)
+    for (auto& t : y)  // the same values; d t / d y = 1 / factor
+      t = t.detach() + (t - t.detach()) / factor;
+  return y;
 }
 
 }  // namespace partita::reference

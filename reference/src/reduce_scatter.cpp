@@ -1,6 +1,7 @@
 #include "partita/reference/reduce_scatter.hpp"
 
 #include "layout.hpp"
+#include "partita/errors.hpp"
 #include "partita/tensor_rules.hpp"
 
 namespace partita::reference {
@@ -20,6 +21,18 @@ Tensors reduce_scatter(const Partition& P_x, int axis, int64_t dim, const Tensor
     const auto [start, length] = balanced_piece(n, k, i);
     return sum.narrow(dim, start, length).clone();
   });
+}
+
+std::vector<int> distdl_axes(const char* axes_name, const Partition& P_x, const GatherAxes& a);
+
+Tensors reduce_scatter(const Partition& P_x, const GatherAxes& axes, const Tensors& x) {
+  if (!axes.scale_backward.empty()) throw PartitionError("scale_backward is AllGather's");
+  Tensors y = x;
+  const auto dims = distdl_axes("axes_reduce_scatter", P_x, axes);
+  if (dims.empty())
+    for (auto& t : y) t = t.clone();
+  for (int d : dims) y = reduce_scatter(P_x, d, d, y);
+  return y;
 }
 
 }  // namespace partita::reference

@@ -32,6 +32,10 @@ struct Case {
   std::vector<int> axes;             // all_sum_reduce only
   int axis = 0;                      // all_gather / reduce_scatter: partition dimension
   int64_t dim = 0;                   // ... and tensor dimension
+  // all_gather / reduce_scatter in DistDL's form instead of axis and dim
+  // (issue 9): fields axes_all_gather (all_gather) or axes_reduce_scatter
+  // (reduce_scatter), axes_keep, scale_backward (all_gather).
+  std::optional<GatherAxes> distdl;
   Shape left, right;                 // halo_exchange: ghost widths per tensor dimension
   Options options;
   std::string dtype = "float64";

@@ -21,6 +21,7 @@
 #include <memory>
 
 #include "partita/mpi/partition.hpp"
+#include "partita/options.hpp"
 
 namespace partita::nn {
 
@@ -31,20 +32,30 @@ struct GatherLayer;
 class AllGatherImpl : public torch::nn::Module {
  public:
   AllGatherImpl(const mpi::Partition& P_x, int axis, int64_t dim);
+  // DistDL's form: AllGather(P_x, {.axes = {0}}) or {.axes_keep = {1}}; the
+  // dimensions listed are gathered one after the other (ascending), and
+  // backward divides by the scale_backward extents (without touching the
+  // caller's gradient). Errors (neither or both given, a dimension out of
+  // range or repeated) raise PartitionError on every rank.
+  AllGatherImpl(const mpi::Partition& P_x, const GatherAxes& axes);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
-  std::shared_ptr<const detail::GatherLayer> layer_;
+  std::vector<std::shared_ptr<const detail::GatherLayer>> layers_;
+  double scale_backward_ = 1;
 };
 TORCH_MODULE(AllGather);
 
 class ReduceScatterImpl : public torch::nn::Module {
  public:
   ReduceScatterImpl(const mpi::Partition& P_x, int axis, int64_t dim);
+  // DistDL's form: ReduceScatter(P_x, {.axes = ...}) (axes_reduce_scatter)
+  // or {.axes_keep = ...}; scale_backward must be empty.
+  ReduceScatterImpl(const mpi::Partition& P_x, const GatherAxes& axes);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
-  std::shared_ptr<const detail::GatherLayer> layer_;
+  std::vector<std::shared_ptr<const detail::GatherLayer>> layers_;
 };
 TORCH_MODULE(ReduceScatter);
 
