@@ -154,7 +154,7 @@ rc::Gen<Node> gen_tensor_node() {
         return n;
       },
       rc::gen::inRange(0, static_cast<int>(std::size(kTypes))),
-      sized_vector(rc::gen::inRange(0, 4), rc::gen::inRange<int64_t>(0, 5)),
+      sized_vector(rc::gen::inRange(0, 4), rc::gen::inRange<int64_t>(0, 7)),
       rc::gen::inRange<int64_t>(0, 1 << 20), rc::gen::arbitrary<bool>(), rc::gen::weightedElement<bool>({{3, false}, {1, true}}));
 }
 
@@ -197,6 +197,10 @@ rc::Gen<Node> gen_node(int depth) {
   return rc::gen::weightedOneOf<Node>({{1, gen_leaf()}, {2, container}});
 }
 
+// The object sent: a container most of the time, so that nesting is the
+// common case rather than the exception.
+rc::Gen<Node> gen_object() { return rc::gen::weightedOneOf<Node>({{1, gen_leaf()}, {4, gen_node(3)}}); }
+
 struct ObjectCase {
   int partitions = 1;
   std::string op;  // broadcast, send, allgather
@@ -227,7 +231,7 @@ rc::Gen<ObjectCase> gen_case(int world, int partitions) {
         return c;
       },
       rc::gen::elementOf(ops), rc::gen::inRange(0, 3), rc::gen::inRange(0, world),
-      rc::gen::inRange(0, world), gen_node(3));
+      rc::gen::inRange(0, world), gen_object());
 }
 
 // What the objects held, counted on rank 0, so that a generator drawing only
