@@ -126,6 +126,15 @@ struct UndefinedGrad : torch::autograd::Function<UndefinedGrad> {
   }
 };
 
+// The class of a partita error, as a word for reports (issue 9: when both
+// sides raise, the classes must agree).
+std::string error_class(const Error& e) {
+  if (dynamic_cast<const ShapeError*>(&e)) return "ShapeError";
+  if (dynamic_cast<const PartitionError*>(&e)) return "PartitionError";
+  if (dynamic_cast<const DeadlineError*>(&e)) return "DeadlineError";
+  return "Error";
+}
+
 bool listed(const Ranks& ranks, int r) {
   return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
 }
@@ -169,6 +178,7 @@ CaseOutcome run_case(const Case& c) {
 
   // The reference, forward and (through autograd) backward.
   reference::Tensors yr, dyr(world);
+  std::string expected_class, mpi_class;
   try {
     const auto rx = rpart(c.P_x);
     if (c.primitive == "broadcast") yr = reference::broadcast(rx, rpart(*c.P_y), xr, c.options);
@@ -183,6 +193,7 @@ CaseOutcome run_case(const Case& c) {
     else yr = reference::all_sum_reduce(rx, c.axes, xr);
   } catch (const Error& e) {
     out.expected_error = e.what();
+    expected_class = error_class(e);
   }
 
   // The MPI implementation: construction and forward, agreed on all ranks.
@@ -215,6 +226,7 @@ CaseOutcome run_case(const Case& c) {
     }
   } catch (const Error& e) {
     mpi_error = e.what();
+    mpi_class = error_class(e);
   }
   const bool mpi_ok_everywhere = mpi::all_true(mpi_error.empty(), mpi::world_comm());
   if (!out.expected_error.empty()) {
@@ -222,10 +234,14 @@ CaseOutcome run_case(const Case& c) {
     // no part in the layer and may go on.
     bool involved = std::count(c.P_x.ranks.begin(), c.P_x.ranks.end(), me) > 0;
     if (c.P_y) involved = involved || std::count(c.P_y->ranks.begin(), c.P_y->ranks.end(), me) > 0;
-    out.ok = !mpi_error.empty() || !involved;
-    out.summary = !mpi_error.empty() ? "both raised: " + mpi_error
-                  : out.ok ? "not involved; the reference raised: " + out.expected_error
-                           : "the reference raised '" + out.expected_error + "' but MPI did not";
+    const bool same_class = mpi_class == expected_class;
+    out.ok = (!mpi_error.empty() && same_class) || (mpi_error.empty() && !involved);
+    out.summary =
+        !mpi_error.empty() && same_class ? "both raised " + mpi_class + ": " + mpi_error
+        : !mpi_error.empty() ? "the reference raised " + expected_class + " '" + out.expected_error +
+                                   "' but MPI raised " + mpi_class + " '" + mpi_error + "'"
+        : out.ok ? "not involved; the reference raised: " + out.expected_error
+                 : "the reference raised '" + out.expected_error + "' but MPI did not";
     return out;
   }
   if (!mpi_ok_everywhere) {
@@ -286,7 +302,13 @@ CaseOutcome run_case(const Case& c) {
     MPI_Request req;
     PARTITA_MPI_CHECK(MPI_Iallreduce(local, global, 6, MPI_DOUBLE, MPI_SUM, mpi::world_comm(), &req));
     mpi::wait(req, "run_case adjoint");
-    gaps[0] = adjoint_gap(global[0], global[1], global[2], global[3], global[4], global[5]);
+    // AllGather's scale_backward makes backward the adjoint divided by the
+    // factor: the identity is <F x, y> = factor * <x, B y>.
+    double factor = 1;
+    if (c.distdl)
+      for (int d : c.distdl->scale_backward) factor *= static_cast<double>(c.P_x.shape.at(d));
+    gaps[0] = adjoint_gap(global[0], factor * global[1], global[2], global[3], global[4],
+                          factor * factor * global[5]);
     double r[6] = {0, 0, 0, 0, 0, 0};
     for (int w = 0; w < world; ++w) {
       const auto yw = yr[w].detach(), xw = xr[w].detach();
@@ -297,7 +319,7 @@ CaseOutcome run_case(const Case& c) {
       r[4] += sq(xw);
       r[5] += sq(dxr[w]);
     }
-    gaps[1] = adjoint_gap(r[0], r[1], r[2], r[3], r[4], r[5]);
+    gaps[1] = adjoint_gap(r[0], factor * r[1], r[2], r[3], r[4], factor * factor * r[5]);
     const double tol = adjoint_tolerance(dtype);
     if (gaps[0] > tol) problems.push_back("MPI adjoint identity off by " + std::to_string(gaps[0]));
     if (gaps[1] > tol) problems.push_back("reference adjoint identity off by " + std::to_string(gaps[1]));

@@ -54,8 +54,8 @@ Tensors all_gather(const Partition& P_x, const GatherAxes& axes, const Tensors& 
   double factor = 1;
   for (int d : axes.scale_backward) factor *= static_cast<double>(P_x.shape()[d]);
   if (factor != 1)
-    for (auto& t : y)  // the same values; d t / d y = 1 / factor
-      t = t.detach() + (t - t.detach()) / factor;
+    for (auto& t : y)  // the same values; d t / d y = 1 / factor (no gradient: no scaling)
+      if (t.requires_grad()) t = t.detach() + (t - t.detach()) / factor;
   return y;
 }
 

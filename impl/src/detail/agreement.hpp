@@ -40,8 +40,12 @@ struct Fingerprint {
 // message reaches every rank: the lowest failing rank's text is broadcast;
 // a mismatch says "<what>: the ranks of the collective passed different
 // <subject>".
+// The class of the error raised on every rank is the first failing rank's
+// (issue 9: the class must agree with the reference's).
+enum class ErrorKind : char { Partition = 'P', Shape = 'S' };
 void agree(MPI_Comm comm, const char* what, const Fingerprint& f,
-           const std::string& local_error = "", const char* subject = "arguments");
+           const std::string& local_error = "", const char* subject = "arguments",
+           ErrorKind kind = ErrorKind::Partition);
 
 // Runs `body` (which validates arguments and may throw), then agrees on the
 // outcome over `comm` so that either every rank goes on or every rank throws.
@@ -49,12 +53,16 @@ template <typename Body>
 void checked(MPI_Comm comm, const char* what, const Fingerprint& f, Body&& body,
              const char* subject = "arguments") {
   std::string error;
+  ErrorKind kind = ErrorKind::Partition;
   try {
     body();
+  } catch (const ShapeError& e) {
+    error = e.what();
+    kind = ErrorKind::Shape;
   } catch (const Error& e) {
     error = e.what();
   }
-  agree(comm, what, f, error, subject);
+  agree(comm, what, f, error, subject, kind);
 }
 
 }  // namespace partita::mpi::detail
