@@ -12,6 +12,7 @@
 #include <chrono>
 #include <thread>
 
+#include "expect_raises.hpp"
 #include "harness/ivalue_compare.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp.hpp"
@@ -23,25 +24,6 @@ namespace {
 
 using testing::ivalue_difference;
 
-template <typename E, typename F>
-std::string raised(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected " << typeid(E).name() << ", got " << typeid(e).name() << ": " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected " << typeid(E).name() << ", nothing was thrown";
-  return "";
-}
-
-#define EXPECT_CONTAINS(text, part)                                                                        \
-  do {                                                                                                     \
-    const std::string text_once_ = (text);                                                                 \
-    EXPECT_NE(text_once_.find(part), std::string::npos) << "'" << text_once_ << "' lacks '" << (part) << "'"; \
-  } while (0)
 
 // A nested object that differs from rank to rank in every part.
 c10::IValue object_of(int r) {
@@ -209,8 +191,9 @@ TEST(SmpObjects, BarrierWaitsForTheGroup) {
       if (g == smp::MP_GROUP) smp::mp_barrier();
       else if (g == smp::DP_GROUP) smp::dp_barrier();
       else smp::barrier(g);
-      if (m[0] != smp::rank())
+      if (m[0] != smp::rank()) {
         EXPECT_GE(seconds_since(t), delay * 0.8) << smp::name(g) << " barrier did not wait for its first member";
+      }
     }
   }
   smp::barrier();
@@ -328,7 +311,9 @@ TEST(SmpObjects, CorruptedBytesOnTheWire) {
   }
   // The good frame still decodes after all that.
   if (smp::rank() == 0) smp::send(object_of(3), 1, smp::WORLD_RANK);
-  else if (smp::rank() == 1) EXPECT_EQ(ivalue_difference(smp::recv_from(0, smp::WORLD_RANK), object_of(3)), "");
+  else if (smp::rank() == 1) {
+    EXPECT_EQ(ivalue_difference(smp::recv_from(0, smp::WORLD_RANK), object_of(3)), "");
+  }
 }
 
 // The decoder on every truncation and every single-bit flip of a frame

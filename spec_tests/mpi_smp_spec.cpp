@@ -13,6 +13,7 @@
 #include <fstream>
 #include <thread>
 
+#include "expect_raises.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp.hpp"
 #include "partita/smp/communicators.hpp"
@@ -104,28 +105,6 @@ smp::Config with_partitions(int p, int microbatches = 1) {
   return c;
 }
 
-// The message of the E that f throws; a failure if it throws nothing or
-// something else.
-template <typename E, typename F>
-std::string raised(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected " << typeid(E).name() << ", got " << typeid(e).name() << ": " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected " << typeid(E).name() << ", nothing was thrown";
-  return "";
-}
-
-// Evaluates `text` once: it may be a collective call.
-#define EXPECT_CONTAINS(text, part)                                                     \
-  do {                                                                                  \
-    const std::string text_once_ = (text);                                              \
-    EXPECT_NE(text_once_.find(part), std::string::npos) << "'" << text_once_ << "' lacks '" << (part) << "'"; \
-  } while (0)
 
 // --- layout -------------------------------------------------------------------
 

@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include "expect_raises.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp.hpp"
 #include "partita/smp/step.hpp"
@@ -16,25 +17,6 @@
 namespace partita::spec {
 namespace {
 
-template <typename E, typename F>
-std::string raised(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected " << typeid(E).name() << ", got " << typeid(e).name() << ": " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected " << typeid(E).name() << ", nothing was thrown";
-  return "";
-}
-
-#define EXPECT_CONTAINS(text, part)                                                                        \
-  do {                                                                                                     \
-    const std::string text_once_ = (text);                                                                 \
-    EXPECT_NE(text_once_.find(part), std::string::npos) << "'" << text_once_ << "' lacks '" << (part) << "'"; \
-  } while (0)
 
 at::Tensor d(std::vector<double> v) { return at::tensor(v, at::kDouble); }
 bool same(const at::Tensor& a, const at::Tensor& b) { return a.sizes() == b.sizes() && at::equal(a, b); }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "case_runner.hpp"
 #include "lockstep.hpp"
 #include "partita/mpi/runtime.hpp"
 
@@ -104,14 +105,16 @@ std::string check_forward(const mpi::Communicator& comm, const Call& c, at::Scal
 }
 
 std::string check_backward(const mpi::Communicator& comm, const Call& c, at::ScalarType dtype,
-                           uint64_t seed) {
+                           uint64_t seed, const std::vector<int>& unused) {
+  auto is_unused = [&](int r) { return std::find(unused.begin(), unused.end(), r) != unused.end(); };
   const int me = comm.rank(), p = comm.size();
   Tensors xs, vs;
   for (int r = 0; r < p; ++r) xs.push_back(input_of(seed, r, c.shape(r), dtype).requires_grad_(true));
   const Tensors outs = c.reference(xs);
   at::Tensor loss = at::zeros({}, at::kDouble);
   for (int r = 0; r < p; ++r) {
-    vs.push_back(input_of(seed + 29, r, outs[r].sizes().vec(), dtype));
+    vs.push_back(is_unused(r) ? at::zeros(outs[r].sizes(), outs[r].options().requires_grad(false))
+                              : input_of(seed + 29, r, outs[r].sizes().vec(), dtype));
     if (outs[r].requires_grad()) loss = loss + (outs[r].to(at::kDouble) * vs[r].to(at::kDouble)).sum();
   }
   at::Tensor want = at::zeros_like(xs[me]);
@@ -121,7 +124,10 @@ std::string check_backward(const mpi::Communicator& comm, const Call& c, at::Sca
   }
   const at::Tensor x = input_of(seed, me, c.shape(me), dtype).requires_grad_(true);
   const at::Tensor out = c.run(comm, x);
-  if (out.requires_grad()) torch::autograd::backward({out}, {vs[me]});
+  if (out.requires_grad()) {
+    if (is_unused(me)) torch::autograd::backward({tools::loss_without_gradient(out)});
+    else torch::autograd::backward({out}, {vs[me]});
+  }
   const at::Tensor got = x.grad().defined() ? x.grad() : at::zeros_like(x);
   const std::string why = compare(got, want.detach());
   return why.empty() ? "" : c.name + " backward (" + c10::toString(dtype) + "): " + why;

@@ -11,33 +11,27 @@
 
 namespace partita::cli {
 
-// A list of world ranks as parse_ranks reads it ("0-11", "1,2,3").
-inline CLI::Validator ranks_list() {
+// A CLI11 check that `read` (parse_ranks, parse_shape) accepts the text;
+// its error message is CLI11's.
+template <typename Read>
+CLI::Validator readable_as(Read read, const char* name) {
   return CLI::Validator(
-      [](std::string& text) -> std::string {
+      [read](std::string& text) -> std::string {
         try {
-          parse_ranks(text);
+          read(text);
           return {};
         } catch (const std::exception& e) {
           return e.what();
         }
       },
-      "RANKS");
+      name);
 }
 
+// A list of world ranks as parse_ranks reads it ("0-11", "1,2,3").
+inline CLI::Validator ranks_list() { return readable_as(parse_ranks, "RANKS"); }
+
 // A shape as parse_shape reads it ("2,3,2").
-inline CLI::Validator shape_list() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        try {
-          parse_shape(text);
-          return {};
-        } catch (const std::exception& e) {
-          return e.what();
-        }
-      },
-      "SHAPE");
-}
+inline CLI::Validator shape_list() { return readable_as(parse_shape, "SHAPE"); }
 
 // Parses the command line. Returns -1 when the program should go on; 0
 // after --help (printed on stdout); 2 after a usage error (said on stderr).
