@@ -5,14 +5,23 @@
 
 #include <torch/torch.h>
 
+#include <cstring>
+#include <functional>
 #include <iostream>
+#include <sstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "case_runner.hpp"
 #include "harness/lockstep.hpp"
+#include "partita/errors.hpp"
+#include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
+#include "partita/nn/all_gather.hpp"
+#include "partita/nn/broadcast.hpp"
+#include "partita/nn/sum_reduce.hpp"
+#include "partita/tensor_rules.hpp"
 #include "partition_cases.hpp"
 
 namespace partita::testing {
@@ -100,6 +109,75 @@ TEST(PrimitiveProperty, AllGather) { check_primitive("all_gather"); }
 TEST(PrimitiveProperty, ReduceScatter) { check_primitive("reduce_scatter"); }
 TEST(PrimitiveProperty, Repartition) { check_primitive("repartition"); }
 TEST(PrimitiveProperty, HaloExchange) { check_primitive("halo_exchange"); }
+
+// Issue 9 B6: a second adjoint check that does not go through the
+// reference. Broadcast's backward is SumReduce's forward on the mirrored
+// partitions, AllGather's backward is ReduceScatter's forward on the same
+// teams (when the gathered pieces are the balanced split): the same integer
+// cotangents through both must give bit-identical tensors.
+void check_adjoint_pair(const std::string& primitive) {
+  torch::set_num_threads(1);
+  int compared = 0;
+  const bool ok = check_lockstep<Case>(
+      primitive + "'s backward is its pair's forward",
+      gen_primitive_case(mpi::world_size(), {primitive}), [&](const Case& drawn, Verdict& v) {
+        Case c = drawn;
+        if (!at::isFloatingType(parse_dtype(c.dtype))) c.dtype = "float64";  // a gradient
+        c.fill = "integers";  // exact sums in any order
+        const auto world = mpi::Partition::world();
+        auto part = [&](const PartitionSpec& s) {
+          return world.create_partition_inclusive(s.ranks).create_cartesian_topology_partition(s.shape);
+        };
+        const int me = mpi::world_rank();
+        const bool gather_pair = c.primitive == "all_gather";
+        if (gather_pair && (!c.local_shapes.empty() ||
+                            (c.distdl && !c.distdl->scale_backward.empty())))
+          return;  // uneven pieces or a scaled backward: not the plain pair
+        at::Tensor x = tools::case_input(c, me).requires_grad_(true), y;
+        std::function<at::Tensor(const at::Tensor&)> pair;
+        try {
+          const auto px = part(c.P_x);
+          if (gather_pair) {
+            nn::AllGather f = c.distdl ? nn::AllGather(px, *c.distdl) : nn::AllGather(px, c.axis, c.dim);
+            nn::ReduceScatter g =
+                c.distdl ? nn::ReduceScatter(px, *c.distdl) : nn::ReduceScatter(px, c.axis, c.dim);
+            y = f(x);
+            pair = [g](const at::Tensor& t) mutable { return g(t); };
+          } else {
+            const auto py = part(*c.P_y);
+            Options mirrored = c.options;
+            std::swap(mirrored.transpose_src, mirrored.transpose_dest);
+            nn::Broadcast f(px, py, c.options);
+            nn::SumReduce g(py, px, mirrored);
+            y = f(x);
+            pair = [g](const at::Tensor& t) mutable { return g(t); };
+          }
+        } catch (const Error&) {
+          return;  // a case the layers reject (checked by the other properties)
+        }
+        const at::Tensor dy = tools::case_cotangent(c, me, y.sizes());
+        if (y.requires_grad()) torch::autograd::backward({y}, {dy});
+        const at::Tensor dx = x.grad().defined() ? x.grad() : at::zeros_like(x);
+        const at::Tensor z = pair(dy);
+        ++compared;
+        if (x.numel() == 0) {  // outside P_x: nothing comes back either way
+          v.expect(dx.numel() == 0 && z.numel() == 0, "outside P_x: a non-empty result");
+          return;
+        }
+        const bool same = dx.sizes() == z.sizes() && dx.scalar_type() == z.scalar_type() &&
+                          std::memcmp(dx.contiguous().data_ptr(), z.contiguous().data_ptr(),
+                                      dx.numel() * dx.element_size()) == 0;
+        std::ostringstream os;
+        if (!same) os << "backward " << dx.sizes() << " != pair's forward " << z.sizes() << "\n" << dx << "\n" << z;
+        v.expect(same, os.str());
+      });
+  if (mpi::world_rank() == 0) std::cout << "  pairs compared: " << compared << std::endl;
+  EXPECT_TRUE(ok);
+  EXPECT_GT(compared, 0) << "no case was compared";
+}
+
+TEST(AdjointPair, BroadcastBackwardIsSumReduce) { check_adjoint_pair("broadcast"); }
+TEST(AdjointPair, AllGatherBackwardIsReduceScatter) { check_adjoint_pair("all_gather"); }
 
 }  // namespace
 }  // namespace partita::testing
