@@ -125,11 +125,16 @@ namespace partita::testing {
 // every slab's extent drawn at random (zero with chance 1 in `zero_one_in`,
 // else 1-4), each P_x worker's shape that of its slab plus `extra` per
 // dimension (a halo's ghosts).
-static void draw_tiling(Case& c, const Shape& grid, int zero_one_in, const Shape& extra) {
+// `empty_dim` >= 0: one slab along that dimension is empty (a zero-volume
+// worker for sure).
+static void draw_tiling(Case& c, const Shape& grid, int zero_one_in, const Shape& extra,
+                        int empty_dim = -1) {
   std::vector<std::vector<int64_t>> ext(grid.size());
   for (size_t k = 0; k < grid.size(); ++k)
     for (int64_t j = 0; j < grid[k]; ++j)
       ext[k].push_back(chance(1, zero_one_in) ? 0 : *rc::gen::inRange<int64_t>(1, 5));
+  if (empty_dim >= 0)
+    ext[empty_dim][*rc::gen::inRange<int64_t>(0, grid[empty_dim])] = 0;
   c.global_shape.reset();
   c.local_shape.reset();
   c.local_shapes.clear();
@@ -251,12 +256,16 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
       c.left.clear();
       c.right.clear();
       Shape ghosts;
+      // In one case in eight, one dimension has no ghosts and an empty slab:
+      // a zero-volume window (rare otherwise: it needs both at once).
+      const int empty_dim = chance(1, 8) ? *rc::gen::inRange<int>(0, static_cast<int>(d)) : -1;
       for (size_t k = 0; k < d; ++k) {
-        c.left.push_back(chance(1, 3) ? 0 : *rc::gen::inRange<int64_t>(1, 3));
-        c.right.push_back(chance(1, 3) ? 0 : *rc::gen::inRange<int64_t>(1, 3));
+        const bool none = static_cast<int>(k) == empty_dim;
+        c.left.push_back(none || chance(1, 3) ? 0 : *rc::gen::inRange<int64_t>(1, 3));
+        c.right.push_back(none || chance(1, 3) ? 0 : *rc::gen::inRange<int64_t>(1, 3));
         ghosts.push_back(c.left.back() + c.right.back());
       }
-      draw_tiling(c, padded_shape(c.P_x.shape, d), 10, ghosts);
+      draw_tiling(c, padded_shape(c.P_x.shape, d), 10, ghosts, empty_dim);
       if (chance(1, 12)) {
         const int r = *rc::gen::elementOf(c.P_x.ranks);
         ++c.local_shapes[r][*rc::gen::inRange<size_t>(0, d)];

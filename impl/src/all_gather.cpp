@@ -152,7 +152,9 @@ torch::Tensor AllGatherImpl::forward(const torch::Tensor& x) {
   // Backward divides the gradient arriving at y (a new tensor: the caller's
   // gradient is not modified) before the adjoint reduce-scatter sees it.
   const double factor = scale_backward_;
-  y.register_hook([factor](const at::Tensor& g) { return g / factor; });
+  // (On a rank whose output does not reach the loss the gradient is
+  // undefined: it passes on as it is, and the adjoint still runs.)
+  y.register_hook([factor](const at::Tensor& g) { return g.defined() ? g / factor : g; });
   return y;
 }
 
