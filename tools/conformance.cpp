@@ -180,7 +180,10 @@ int conformance(const Options& opt) {
       if (!filter.empty()) repro << " --gtest_filter=" << shell_quote(filter);
       row.command = repro.str();
       std::ostringstream cmd;
-      cmd << "PARTITA_WAIT_TIMEOUT=" << std::max(10, timeout - 30) << " timeout -k 10 " << timeout
+      // A stuck wait fails its case within seconds (deadline mode, scaled by
+      // ranks per core) instead of waiting for the watchdog (issue 18).
+      cmd << "PARTITA_DEADLINE=${PARTITA_DEADLINE:-10} PARTITA_WAIT_TIMEOUT="
+          << std::max(10, timeout - 30) << " timeout -k 10 " << timeout
           << " " << row.command << " --gtest_output=json:" << tmp << " > " << tmp << ".log 2>&1";
       std::cout << "running " << name << " at " << n << " ranks ..." << std::flush;
       const auto t0 = std::chrono::steady_clock::now();
