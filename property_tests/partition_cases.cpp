@@ -236,9 +236,10 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
         if (chance(1, 2)) a.axes = dims;
         else a.axes_keep = dims;
         if (chance(1, 12)) a.axes_keep = a.axes = dims;
+        // (Only dimensions with more than one worker scale anything.)
         if (c.primitive == "all_gather" && chance(1, 3))
           for (size_t d = 0; d < pd; ++d)
-            if (chance(1, 2)) a.scale_backward.push_back(static_cast<int>(d));
+            if (c.P_x.shape[d] > 1 && chance(2, 3)) a.scale_backward.push_back(static_cast<int>(d));
         c.distdl = a;
       }
     }
