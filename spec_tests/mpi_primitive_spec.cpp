@@ -411,3 +411,50 @@ TEST(MpiReplan, RepartitionAndHaloCalledWithOtherShapes) {
 
 }  // namespace
 }  // namespace partita::spec
+
+namespace partita::spec {
+namespace {
+
+// Seed 000's broadcast_data / allgather_data with tensors (issue 9 A3): the
+// receivers learn the root's dtype and shape with the values, whatever they
+// passed; allgather returns every rank's own dtype and shape in rank order;
+// ranks outside the partition get nothing and do not communicate.
+TEST(MpiData, TensorsCarryTheirDtypeAndShape) {
+  const int n = mpi::world_size(), me = mpi::world_rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks, running at 1";
+  const auto world = mpi::Partition::world();
+  // Rank 1 holds a 2x3 float16 tensor; the others pass a float64 scalar.
+  const at::Tensor sent = at::arange(6, at::kFloat).reshape({2, 3}).to(at::kHalf);
+  const at::Tensor got = world.broadcast_data(me == 1 ? sent : at::zeros({}, at::kDouble), 1);
+  ASSERT_TRUE(got.defined());
+  EXPECT_EQ(got.scalar_type(), at::kHalf);
+  EXPECT_EQ(got.sizes().vec(), (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(at::equal(got, sent)) << got;
+
+  // Rank r contributes r + 1 int64 values [r, r + 1, ...] (rank 0: int8).
+  const auto dtype_of = [](int r) { return r == 0 ? at::kChar : at::kLong; };
+  const auto gathered =
+      world.allgather_data(at::arange(me, 2 * me + 1, at::TensorOptions().dtype(dtype_of(me))));
+  ASSERT_EQ(static_cast<int>(gathered.size()), n);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(gathered[r].scalar_type(), dtype_of(r)) << "rank " << r;
+    EXPECT_EQ(gathered[r].sizes().vec(), (std::vector<int64_t>{r + 1})) << "rank " << r;
+    EXPECT_TRUE(at::equal(gathered[r], at::arange(r, 2 * r + 1, at::TensorOptions().dtype(dtype_of(r)))))
+        << "rank " << r;
+  }
+
+  // A sub-partition {0, 1}: rank 1 of it roots a broadcast over the world
+  // (the second mode); inside {0, 1} only, rank 2 and up are inactive.
+  const auto pair = world.create_partition_inclusive({0, 1});
+  const at::Tensor root_value = at::full({1}, 7, at::kInt);
+  const at::Tensor second = world.broadcast_data(me == 1 ? root_value : at::Tensor(), 1, pair);
+  EXPECT_TRUE(at::equal(second, root_value)) << second;
+  const at::Tensor inside = pair.broadcast_data(me == 0 ? root_value : at::Tensor(), 0);
+  if (me < 2) EXPECT_TRUE(at::equal(inside, root_value));
+  else EXPECT_FALSE(inside.defined());
+  // A root outside the partition: an error on every member.
+  EXPECT_THROW(world.broadcast_data(sent, n), PartitionError);
+}
+
+}  // namespace
+}  // namespace partita::spec

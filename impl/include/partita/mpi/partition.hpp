@@ -30,6 +30,10 @@
 
 #include "partita/shape.hpp"
 
+namespace at {
+class Tensor;
+}
+
 namespace partita::mpi {
 
 using Bytes = std::string;
@@ -71,6 +75,14 @@ class Partition {
   // one); found by a reduction, so ranks outside P_data may pass any view.
   Bytes broadcast_data(const Bytes& data, int root, const Partition& P_data) const;
   std::vector<Bytes> allgather_data(const Bytes& data) const;
+  // The same for tensors (seed 000: the data carry their own dtype and
+  // shape; issue 9 A3): the receivers learn the root's dtype and shape with
+  // its values, whatever they passed (any tensor, or an undefined one).
+  // Inactive ranks get an undefined tensor (allgather: an empty list)
+  // without communicating. Defined in tensor_data.cpp.
+  at::Tensor broadcast_data(const at::Tensor& data, int root = 0) const;
+  at::Tensor broadcast_data(const at::Tensor& data, int root, const Partition& P_data) const;
+  std::vector<at::Tensor> allgather_data(const at::Tensor& data) const;
 
   std::string describe() const;
 
