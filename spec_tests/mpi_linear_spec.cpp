@@ -277,6 +277,60 @@ TEST_P(MpiLinear, AdjointIdentityInXAndW) {
   EXPECT_TRUE(agreed(ok)) << c.name;
 }
 
+// Training smoke test (issue 11): 20 steps of SGD on one regression
+// problem, the distributed layer and torch::nn::Linear starting from the
+// same parameters, give the same loss curve (float64, 1e-10 relative) and
+// the same parameters at the end; the loss must fall, or nothing trained.
+TEST_P(MpiLinear, SgdFollowsTorchLinear) {
+  const Config& c = GetParam();
+  torch::manual_seed(11);  // the same problem and initial layer on every rank
+  torch::nn::Linear global(torch::nn::LinearOptions(c.in, c.out));
+  global->to(at::kDouble);
+  const at::Tensor xg = torch::randn(c.x_global, at::kDouble);
+  Shape y_shape = c.x_global;
+  y_shape.back() = c.out;
+  const at::Tensor target = torch::randn(y_shape, at::kDouble);
+  const double n = static_cast<double>(target.numel());
+  Built b = build(c, {true, at::kDouble});
+  b.layer->scatter_parameters(global);
+  const double lr = 0.1;
+  torch::optim::SGD reference(global->parameters(), lr), distributed(b.layer->parameters(), lr);
+  const at::Tensor x = block_of(xg, b.P_x);
+  const at::Tensor t = block_of(target, b.P_y);
+  std::vector<double> curve, torch_curve;
+  for (int step = 0; step < 20; ++step) {
+    reference.zero_grad();
+    const at::Tensor loss = (global->forward(xg) - target).pow(2).sum() / n;
+    loss.backward();
+    reference.step();
+    torch_curve.push_back(loss.item<double>());
+
+    distributed.zero_grad();
+    const at::Tensor y = b.forward(x);
+    // Each P_y worker's share of the loss; the shares sum to the loss, and
+    // backward of each share through the layer is collective.
+    double share = 0;
+    at::Tensor dy = at::zeros_like(y);
+    if (b.P_y.active()) {
+      share = (y.detach() - t).pow(2).sum().item<double>() / n;
+      dy = 2 * (y.detach() - t) / n;
+    }
+    if (y.requires_grad()) torch::autograd::backward({y}, {dy});
+    distributed.step();
+    MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_DOUBLE, MPI_SUM, mpi::world_comm());
+    curve.push_back(share);
+  }
+  bool ok = torch_curve.back() < 0.9 * torch_curve.front();
+  for (size_t i = 0; i < curve.size(); ++i)
+    ok = ok && std::abs(curve[i] - torch_curve[i]) <= 1e-10 * std::abs(torch_curve[i]);
+  const auto trained = b.layer->gather_parameters();
+  if (!trained.is_empty())
+    ok = ok && close(trained->weight, global->weight, 1e-10) && close(trained->bias, global->bias, 1e-10);
+  EXPECT_TRUE(ok) << c.name << ": loss " << curve.front() << " -> " << curve.back() << ", torch "
+                  << torch_curve.front() << " -> " << torch_curve.back();
+  EXPECT_TRUE(agreed(ok)) << c.name;
+}
+
 INSTANTIATE_TEST_SUITE_P(Seed002, MpiLinear, ::testing::ValuesIn(configs()),
                          [](const auto& info) { return info.param.name; });
 
