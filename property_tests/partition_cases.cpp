@@ -281,4 +281,78 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
   });
 }
 
+rc::Gen<Case> gen_linear_case(int world, std::vector<std::string> layers) {
+  return rc::gen::exec([world, layers] {
+    Case c;
+    c.primitive = *rc::gen::elementOf(layers);
+    c.ranks = world;
+    const bool zero = c.primitive.size() > 5 && c.primitive.substr(c.primitive.size() - 5) == "_zero";
+    int64_t in_min = 1, out_min = 1;
+    if (c.primitive == "linear") {
+      // P_W fout x fin anywhere in the world; P_x and P_y each drawn
+      // preferring P_W's workers, so they overlap it, each other, or not.
+      const int64_t fin = *rc::gen::inRange<int64_t>(1, world + 1);
+      const int64_t fout = *rc::gen::inRange<int64_t>(1, world / fin + 1);
+      const Ranks w = draw_team(world, fin * fout, {}, {});
+      c.P_W = PartitionSpec{w, {fout, fin}};
+      c.P_x = {draw_team(world, fin, chance(1, 2) ? w : Ranks{}, {}), {1, fin}};
+      c.P_y = PartitionSpec{draw_team(world, fout, chance(1, 2) ? w : Ranks{}, {}), {1, fout}};
+      c.global_shape = Shape{chance(1, 10) ? 0 : *rc::gen::inRange<int64_t>(1, 7), 0};
+      in_min = fin;
+      out_min = fout;
+    } else {
+      // D x [1 ...] x 1 x M, split as the layer wants: the ZeRO layers
+      // shard over axis 0 only, so their middle axes are 1.
+      const bool gathers = c.primitive.rfind("linear_all_gather", 0) == 0;
+      const int64_t M = *rc::gen::inRange<int64_t>(1, world + 1);
+      const int64_t D = *rc::gen::inRange<int64_t>(1, world / M + 1);
+      Shape P{D};
+      if (!zero && chance(1, 3) && D > 1) {
+        // a second data-parallel axis: D = D0 x D1
+        std::vector<int64_t> divisors;
+        for (int64_t k = 1; k <= D; ++k)
+          if (D % k == 0) divisors.push_back(k);
+        const int64_t d0 = *rc::gen::elementOf(divisors);
+        P = {d0, D / d0};
+      } else if (zero && chance(1, 3)) {
+        P.push_back(1);
+      }
+      if (!zero && chance(1, 4) && P.size() == 1) P.clear();  // 2-D: no data-parallel axis
+      P.push_back(1);
+      P.push_back(M);
+      const Ranks team = draw_team(world, volume(P), {}, {});
+      Shape swapped = P;
+      std::swap(swapped[P.size() - 1], swapped[P.size() - 2]);
+      const bool separate = chance(1, 3);
+      // x lives on the swapped partition of a separate all-gather layer,
+      // y on that of a separate reduce-scatter layer.
+      c.P_x = {team, separate && gathers ? swapped : P};
+      if (separate) c.P_y = PartitionSpec{team, gathers ? P : swapped};
+      Shape g;
+      for (size_t k = 0; k + 1 < P.size(); ++k)
+        g.push_back(chance(1, 10) ? 0 : *rc::gen::inRange<int64_t>(1, k == 0 ? 6 : 4));
+      g.push_back(0);
+      c.global_shape = g;
+      in_min = gathers ? (zero ? D : 1) : M;
+      out_min = M * (zero ? D : 1);
+    }
+    // Features: the smallest that fit, up to a dozen more (uneven blocks).
+    c.global_shape->back() = in_min + *rc::gen::inRange<int64_t>(0, 12);
+    c.out_features = out_min + *rc::gen::inRange<int64_t>(0, 12);
+    c.bias = !chance(1, 4);
+    // Sometimes a layer that does not fit: x with other in_features than
+    // the layer's (ShapeError), or fewer out_features than workers along
+    // them (PartitionError); both sides must raise the same.
+    if (chance(1, 12)) c.in_features = c.global_shape->back() + 1;
+    else if (chance(1, 12) && out_min > 1) c.out_features = out_min - 1;
+    if (chance(1, 3))
+      for (int r = 0; r < world; ++r)
+        if (chance(1, 2)) c.unused_outputs.push_back(r);
+    c.dtype = *rc::gen::weightedElement<std::string>({{3, "float64"}, {2, "float32"}, {2, "bfloat16"}});
+    c.data_seed = *rc::gen::inRange<uint64_t>(1, 1u << 30);
+    if (c.dtype != "bfloat16" && chance(1, 4)) c.fill = "normal";
+    return c;
+  });
+}
+
 }  // namespace partita::testing

@@ -45,4 +45,12 @@ namespace partita::testing {
 // random global shape (uneven splits), random data.
 rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives);
 
+// A random Case of one of seed 002's Linear `layers` (linear,
+// linear_all_gather, ...): partitions of the layer's form anywhere in the
+// world (single and separate forms, with and without data-parallel axes),
+// feature counts from the smallest that fit to a dozen more, batch and
+// token extents (some zero), bias on or off, float64/float32/bfloat16, some
+// outputs unused, sometimes a layer that does not fit its x or its workers.
+rc::Gen<Case> gen_linear_case(int world, std::vector<std::string> layers);
+
 }  // namespace partita::testing

@@ -1,4 +1,5 @@
-// Lockstep properties of the data-movement primitives: for random cases,
+// Lockstep properties of the data-movement primitives and the Linear
+// layers: for random cases,
 // every rank's MPI forward and backward equal the reference's for that rank,
 // and the adjoint identity holds for both (tools/case_runner.cpp decides).
 #include <gtest/gtest.h>
@@ -34,11 +35,14 @@ constexpr const char* kDtypes[] = {"float64", "float32", "bfloat16", "float16", 
 // cases never drew one of these where it applies).
 std::vector<std::string> features(const Case& c) {
   std::vector<std::string> f{"dtype " + c.dtype};
-  if (c.options.preserve_batch) f.push_back("preserve_batch");
+  if (c.options.preserve_batch && !c.is_linear()) f.push_back("preserve_batch");
   if (c.options.transpose_src || c.options.transpose_dest) f.push_back("transposed partition");
   if (!c.unused_outputs.empty()) f.push_back("some outputs unused");
   if (c.data_seed && c.fill == "normal") f.push_back("random normal fill");
   if (c.distdl) f.push_back("DistDL's axes");
+  if (c.is_linear() && !c.bias) f.push_back("no bias");
+  if (c.is_linear() && c.primitive != "linear" && c.P_y) f.push_back("separate partitions");
+  if (c.is_linear() && c.in_features) f.push_back("x does not fit the layer");
   // A scale_backward that divides by more than 1 a gradient that exists.
   if (c.distdl && !c.distdl->scale_backward.empty() && at::isFloatingType(parse_dtype(c.dtype)))
     f.push_back("scale_backward");
@@ -57,6 +61,14 @@ std::vector<std::string> features(const Case& c) {
 // The features a run of `primitive` must have drawn at `world` ranks.
 std::vector<std::string> required_features(const std::string& primitive, int world) {
   std::vector<std::string> need{"some outputs unused", "random normal fill", "zero-volume worker"};
+  if (primitive.rfind("linear", 0) == 0) {
+    for (const char* d : {"float64", "float32", "bfloat16"}) need.push_back(std::string("dtype ") + d);
+    need.push_back("no bias");
+    need.push_back("x does not fit the layer");
+    if (primitive != "linear") need.push_back("separate partitions");
+    if (world >= 2) need.push_back("uneven tiling");
+    return need;
+  }
   for (const char* d : kDtypes) need.push_back(std::string("dtype ") + d);
   if (primitive == "broadcast" || primitive == "sum_reduce" || primitive == "all_sum_reduce")
     need.push_back("preserve_batch");
@@ -77,7 +89,9 @@ void check_primitive(const std::string& primitive) {
   std::map<std::string, int> kinds, drawn;
   int cases = 0;
   const bool ok = check_lockstep<Case>(
-      primitive + " against the reference", gen_primitive_case(mpi::world_size(), {primitive}),
+      primitive + " against the reference",
+      primitive.rfind("linear", 0) == 0 ? gen_linear_case(mpi::world_size(), {primitive})
+                                        : gen_primitive_case(mpi::world_size(), {primitive}),
       [&](const Case& c, Verdict& v) {
         ++cases;
         try {
@@ -113,6 +127,14 @@ TEST(PrimitiveProperty, AllGather) { check_primitive("all_gather"); }
 TEST(PrimitiveProperty, ReduceScatter) { check_primitive("reduce_scatter"); }
 TEST(PrimitiveProperty, Repartition) { check_primitive("repartition"); }
 TEST(PrimitiveProperty, HaloExchange) { check_primitive("halo_exchange"); }
+
+// Seed 002's layers (issue 11) against their serial twins: y, dx, the
+// stored blocks of W and b and their gradients, both adjoint identities.
+TEST(LinearProperty, General) { check_primitive("linear"); }
+TEST(LinearProperty, AllGather) { check_primitive("linear_all_gather"); }
+TEST(LinearProperty, ReduceScatter) { check_primitive("linear_reduce_scatter"); }
+TEST(LinearProperty, AllGatherZero) { check_primitive("linear_all_gather_zero"); }
+TEST(LinearProperty, ReduceScatterZero) { check_primitive("linear_reduce_scatter_zero"); }
 
 // Issue 9 B6: a second adjoint check that does not go through the
 // reference. Broadcast's backward is SumReduce's forward on the mirrored

@@ -13,6 +13,7 @@
 #include "partita/nn/all_sum_reduce.hpp"
 #include "partita/nn/broadcast.hpp"
 #include "partita/nn/halo_exchange.hpp"
+#include "partita/nn/linear.hpp"
 #include "partita/nn/repartition.hpp"
 #include "partita/nn/sum_reduce.hpp"
 #include "partita/reference/all_gather.hpp"
@@ -20,6 +21,7 @@
 #include "partita/reference/reduce_scatter.hpp"
 #include "partita/reference/broadcast.hpp"
 #include "partita/reference/halo_exchange.hpp"
+#include "partita/reference/linear.hpp"
 #include "partita/reference/repartition.hpp"
 #include "partita/reference/sum_reduce.hpp"
 #include "partita/tensor_rules.hpp"
@@ -44,8 +46,11 @@ at::Tensor fill(const Case& c, int worker, at::IntArrayRef shape, int64_t offset
   if (c.fill == "normal")
     return at::randint(unsigned_type ? 0 : -50, 50, shape, gen, f64).to(dtype);
   // Small integers: any sum over a team (at most a few dozen terms) stays
-  // below 256, where bfloat16, float16 and float32 hold every integer.
-  return at::randint(unsigned_type ? 0 : -8, 9, shape, gen, f64).to(dtype);
+  // below 256, where bfloat16, float16 and float32 hold every integer. The
+  // Linear layers multiply before they sum: their values are in [-2, 2], so
+  // a layer of up to 60 features over up to 60 rows stays below 256 too.
+  const int64_t top = c.is_linear() ? 2 : 8;
+  return at::randint(unsigned_type ? 0 : -top, top + 1, shape, gen, f64).to(dtype);
 }
 
 // How a result is compared with the reference's (issue 9): bit for bit, or
@@ -101,11 +106,45 @@ double inner64(const at::Tensor& a, const at::Tensor& b) {
 }
 double sq(const at::Tensor& a) { return inner64(a, a); }
 
-// |<F x, y> - <x, F* y>| relative to the norms.
-double adjoint_gap(double fx_y, double x_fty, double nfx, double ny, double nx, double nfty) {
-  const double scale = std::max(std::sqrt(nfx * ny), std::sqrt(nx * nfty));
-  return scale == 0 ? std::abs(fx_y - x_fty) : std::abs(fx_y - x_fty) / scale;
-}
+// The terms of the dot-product tests, summed over ranks with one allreduce:
+// inner products and squared norms of (y, dy), (x, dx), (W, dW), (b, db).
+struct Dots {
+  enum { kYD, kYY, kDD, kXD, kXX, kDXX, kWD, kWW, kDWW, kBD, kBB, kDBB, kCount };
+  double v[kCount] = {};
+  static Dots of(const at::Tensor& y, const at::Tensor& dy, const at::Tensor& x, const at::Tensor& dx,
+                 const at::Tensor& W, const at::Tensor& dW, const at::Tensor& b, const at::Tensor& db) {
+    Dots d;
+    auto pair = [&](const at::Tensor& a, const at::Tensor& da, int at) {
+      if (!a.defined() || !da.defined()) return;
+      d.v[at] = inner64(a, da);
+      d.v[at + 1] = sq(a);
+      d.v[at + 2] = sq(da);
+    };
+    pair(y, dy, kYD);
+    pair(x, dx, kXD);
+    pair(W, dW, kWD);
+    pair(b, db, kBD);
+    return d;
+  }
+  Dots& operator+=(const Dots& o) {
+    for (int i = 0; i < kCount; ++i) v[i] += o.v[i];
+    return *this;
+  }
+  // |<F x, dy> - <x, F* dy>| relative to the norms: <y, dy> against
+  // factor <x, dx> + <b, db> (the bias term is zero but for the layers).
+  double gap_in_x(double factor) const {
+    return gap(v[kYD], factor * v[kXD] + v[kBD], factor * std::sqrt(v[kXX] * v[kDXX]));
+  }
+  // The layers only: y is linear in W too, <y, dy> = <W, dW> + <b, db>.
+  double gap_in_w() const { return gap(v[kYD], v[kWD] + v[kBD], std::sqrt(v[kWW] * v[kDWW])); }
+
+ private:
+  double gap(double lhs, double rhs, double main_term) const {
+    const double scale =
+        std::max(std::sqrt(v[kYY] * v[kDD]), main_term + std::sqrt(v[kBB] * v[kDBB]));
+    return scale == 0 ? std::abs(lhs - rhs) : std::abs(lhs - rhs) / scale;
+  }
+};
 
 double adjoint_tolerance(at::ScalarType t) {
   if (t == at::kDouble) return 1e-10;
@@ -137,6 +176,63 @@ std::string error_class(const Error& e) {
 
 bool listed(const Ranks& ranks, int r) {
   return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
+}
+
+// The Linear layers' global W ([out, in]) and b ([out]): drawn like the
+// inputs from the case's seed, or without one a fixed pattern of small
+// integers.
+std::pair<at::Tensor, at::Tensor> linear_parameters(const Case& c, int64_t in) {
+  const int64_t out = c.out_features;
+  at::Tensor W, b;
+  if (c.data_seed) {
+    W = fill(c, 0, {out, in}, 0, 3);
+    b = fill(c, 0, {out}, 0, 4);
+  } else {
+    const auto f64 = at::TensorOptions().dtype(at::kDouble);
+    W = (at::arange(out * in, f64).remainder(5) - 2).reshape({out, in}).to(parse_dtype(c.dtype));
+    b = (at::arange(out, f64).remainder(3) - 1).to(parse_dtype(c.dtype));
+  }
+  if (!c.bias) b = at::Tensor();
+  return {W, b};
+}
+
+// The Linear layer a case names, built from MPI partitions; y = forward(x).
+struct MpiLinear {
+  std::shared_ptr<nn::DistributedLinearBase> layer;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+};
+
+template <typename Holder>
+MpiLinear hold(Holder h) {
+  return {h.ptr(), [h](const at::Tensor& x) mutable { return h(x); }};
+}
+
+MpiLinear make_linear(const Case& c, int64_t in,
+                      const std::function<mpi::Partition(const PartitionSpec&)>& part) {
+  nn::LinearOptions o;
+  o.bias = c.bias;
+  o.dtype = parse_dtype(c.dtype);
+  const auto px = part(c.P_x);
+  const auto py = c.P_y ? part(*c.P_y) : mpi::Partition();
+  const auto kind = reference::linear_kind(c.primitive);
+  using K = reference::LinearKind;
+  // The all-gather layers take P_y first and P_x as the option (x split
+  // along the tokens); without P_y the single form is P_x alone.
+  const auto& first = c.P_y ? py : px;
+  const auto second = c.P_y ? px : mpi::Partition();
+  switch (kind) {
+    case K::General:
+      return hold(nn::DistributedLinear(px, py, part(*c.P_W), in, c.out_features, o));
+    case K::AllGather:
+      return hold(nn::DistributedLinearAllGather(first, in, c.out_features, o, second));
+    case K::AllGatherZero:
+      return hold(nn::DistributedLinearAllGatherZero(first, in, c.out_features, o, second));
+    case K::ReduceScatter:
+      return hold(nn::DistributedLinearReduceScatter(px, in, c.out_features, o, py));
+    case K::ReduceScatterZero:
+      return hold(nn::DistributedLinearReduceScatterZero(px, in, c.out_features, o, py));
+  }
+  throw Error("no layer " + c.primitive);
 }
 
 }  // namespace
@@ -178,12 +274,31 @@ CaseOutcome run_case(const Case& c) {
     return mworld.create_partition_inclusive(s.ranks).create_cartesian_topology_partition(s.shape);
   };
 
+  // The Linear layers' global parameters (the same on every rank).
+  const int64_t in = !c.is_linear() ? 0 : c.in_features ? c.in_features : c.global_shape->back();
+  at::Tensor W0, b0, Wr, br;
+  if (c.is_linear()) {
+    std::tie(W0, b0) = linear_parameters(c, in);
+    Wr = W0.clone().requires_grad_(true);
+    if (b0.defined()) br = b0.clone().requires_grad_(true);
+  }
+  reference::LinearLayer rlayer;
+
   // The reference, forward and (through autograd) backward.
   reference::Tensors yr, dyr(world);
   std::string expected_class, mpi_class;
   try {
     const auto rx = rpart(c.P_x);
-    if (c.primitive == "broadcast") yr = reference::broadcast(rx, rpart(*c.P_y), xr, c.options);
+    if (c.is_linear()) {
+      rlayer.kind = reference::linear_kind(c.primitive);
+      rlayer.P_x = rx;
+      rlayer.P_y = c.P_y ? rpart(*c.P_y) : rx;
+      if (c.P_W) rlayer.P_W = rpart(*c.P_W);
+      rlayer.in = in;
+      rlayer.out = c.out_features;
+      rlayer.bias = c.bias;
+      yr = reference::linear(rlayer, Wr, br, xr);
+    } else if (c.primitive == "broadcast") yr = reference::broadcast(rx, rpart(*c.P_y), xr, c.options);
     else if (c.primitive == "sum_reduce") yr = reference::sum_reduce(rx, rpart(*c.P_y), xr, c.options);
     else if (c.primitive == "repartition") yr = reference::repartition(rx, rpart(*c.P_y), xr);
     else if (c.primitive == "all_gather" && c.distdl) yr = reference::all_gather(rx, *c.distdl, xr);
@@ -201,9 +316,22 @@ CaseOutcome run_case(const Case& c) {
   // The MPI implementation: construction and forward, agreed on all ranks.
   std::string mpi_error;
   at::Tensor y;
+  MpiLinear mlin;
   try {
     const auto px = mpart(c.P_x);
-    if (c.primitive == "broadcast") {
+    if (c.is_linear()) {
+      mlin = make_linear(c, in, mpart);
+      // The layer starts from the reference's W and b.
+      torch::nn::Linear global(torch::nn::LinearOptions(in, c.out_features).bias(c.bias));
+      global->to(dtype);
+      {
+        torch::NoGradGuard no_grad;
+        global->weight.copy_(W0);
+        if (c.bias) global->bias.copy_(b0);
+      }
+      mlin.layer->scatter_parameters(global);
+      y = mlin.forward(out.x);
+    } else if (c.primitive == "broadcast") {
       nn::Broadcast layer(px, mpart(*c.P_y), c.options);
       y = layer(out.x);
     } else if (c.primitive == "sum_reduce") {
@@ -235,7 +363,8 @@ CaseOutcome run_case(const Case& c) {
     // Every rank of the layer must raise; a rank in neither partition takes
     // no part in the layer and may go on.
     bool involved = std::count(c.P_x.ranks.begin(), c.P_x.ranks.end(), me) > 0;
-    if (c.P_y) involved = involved || std::count(c.P_y->ranks.begin(), c.P_y->ranks.end(), me) > 0;
+    for (const auto* P : {&c.P_y, &c.P_W})
+      if (*P) involved = involved || listed((*P)->ranks, me);
     const bool same_class = mpi_class == expected_class;
     out.ok = (!mpi_error.empty() && same_class) || (mpi_error.empty() && !involved);
     out.summary =
@@ -297,43 +426,84 @@ CaseOutcome run_case(const Case& c) {
                                                                 : sums;
     if (!close(out.dx, dxr[me], backward_compare, &why)) problems.push_back("backward " + why);
 
+    // The Linear layers: each rank stores the block of W and b the reference
+    // says, and its gradients are the global gradients' blocks.
+    at::Tensor Wl, dWl, bl, dbl;  // this rank's parameters and their gradients
+    if (mlin.layer) {
+      const auto& L = *mlin.layer;
+      const auto wb = L.weight_block();
+      const auto bb = L.bias_block();
+      const reference::ParameterBlock got{wb[0], wb[1], wb[2], wb[3], bb[0], bb[1]};
+      const auto want = reference::parameter_block(rlayer, me);
+      auto block = [](const reference::ParameterBlock& p) {
+        std::ostringstream os;
+        os << "W rows [" << p.r0 << ", " << p.r0 + p.rn << ") cols [" << p.c0 << ", " << p.c0 + p.cn
+           << "), b [" << p.b0 << ", " << p.b0 + p.bn << ")";
+        return os.str();
+      };
+      if (!(got == want))
+        problems.push_back("stores " + block(got) + ", the reference " + block(want));
+      auto grad_or_zero = [](const at::Tensor& p) {
+        return p.grad().defined() ? p.grad() : at::zeros_like(p);
+      };
+      if (want.rn * want.cn > 0 && L.local_weight().defined()) {
+        Wl = L.local_weight().detach();
+        dWl = grad_or_zero(L.local_weight());
+        const at::Tensor dW = grad_or_zero(Wr).slice(0, want.r0, want.r0 + want.rn)
+                                  .slice(1, want.c0, want.c0 + want.cn);
+        if (!close(dWl, dW, sums, &why)) problems.push_back("weight gradient " + why);
+      }
+      if (want.bn > 0 && L.local_bias().defined()) {
+        bl = L.local_bias().detach();
+        dbl = grad_or_zero(L.local_bias());
+        if (!close(dbl, grad_or_zero(br).slice(0, want.b0, want.b0 + want.bn), sums, &why))
+          problems.push_back("bias gradient " + why);
+      }
+    }
+
     // Adjoint identity, summed over all workers: MPI (reduced) and reference.
-    double local[6] = {inner64(out.y, dyr[me]), inner64(out.x.detach(), out.dx), sq(out.y),
-                       sq(dyr[me]), sq(out.x.detach()), sq(out.dx)};
-    double global[6];
+    // <y, dy> = factor <x, dx> + <b, db> (in x) and <W, dW> + <b, db> (in W,
+    // the Linear layers), the parameters counted once, where they are stored.
+    const Dots mine = Dots::of(out.y, dyr[me], out.x.detach(), out.dx, Wl, dWl, bl, dbl);
+    Dots global;
     MPI_Request req;
-    PARTITA_MPI_CHECK(MPI_Iallreduce(local, global, 6, MPI_DOUBLE, MPI_SUM, mpi::world_comm(), &req));
+    PARTITA_MPI_CHECK(MPI_Iallreduce(mine.v, global.v, Dots::kCount, MPI_DOUBLE, MPI_SUM,
+                                     mpi::world_comm(), &req));
     mpi::wait(req, "run_case adjoint");
     // AllGather's scale_backward makes backward the adjoint divided by the
     // factor: the identity is <F x, y> = factor * <x, B y>.
     double factor = 1;
     if (c.distdl)
       for (int d : c.distdl->scale_backward) factor *= static_cast<double>(c.P_x.shape.at(d));
-    gaps[0] = adjoint_gap(global[0], factor * global[1], global[2], global[3], global[4],
-                          factor * factor * global[5]);
-    double r[6] = {0, 0, 0, 0, 0, 0};
-    for (int w = 0; w < world; ++w) {
-      const auto yw = yr[w].detach(), xw = xr[w].detach();
-      r[0] += inner64(yw, dyr[w]);
-      r[1] += inner64(xw, dxr[w]);
-      r[2] += sq(yw);
-      r[3] += sq(dyr[w]);
-      r[4] += sq(xw);
-      r[5] += sq(dxr[w]);
-    }
-    gaps[1] = adjoint_gap(r[0], factor * r[1], r[2], r[3], r[4], factor * factor * r[5]);
+    Dots r;
+    for (int w = 0; w < world; ++w)
+      r += Dots::of(yr[w].detach(), dyr[w], xr[w].detach(), dxr[w], {}, {}, {}, {});
+    if (c.is_linear())
+      r += Dots::of({}, {}, {}, {}, Wr.detach(), Wr.grad(), br.defined() ? br.detach() : br,
+                    br.defined() ? br.grad() : br);
+    gaps[0] = global.gap_in_x(factor);
+    gaps[1] = r.gap_in_x(factor);
     const double tol = adjoint_tolerance(dtype);
     if (gaps[0] > tol) problems.push_back("MPI adjoint identity off by " + std::to_string(gaps[0]));
     if (gaps[1] > tol) problems.push_back("reference adjoint identity off by " + std::to_string(gaps[1]));
+    if (c.is_linear()) {
+      const double gw = global.gap_in_w(), rw = r.gap_in_w();
+      if (gw > tol) problems.push_back("MPI adjoint identity in W off by " + std::to_string(gw));
+      if (rw > tol) problems.push_back("reference adjoint identity in W off by " + std::to_string(rw));
+    }
     // An all-zero result proves nothing: the outputs must carry something.
-    if (global[2] == 0 && global[4] > 0 && r[2] > 0) problems.push_back("all outputs are zero");
+    if (global.v[Dots::kYY] == 0 && global.v[Dots::kXX] > 0 && r.v[Dots::kYY] > 0)
+      problems.push_back("all outputs are zero");
   }
   out.adjoint_mpi = gaps[0];
   out.adjoint_reference = gaps[1];
   out.ok = problems.empty();
   std::ostringstream os;
   if (out.ok) {
-    os << "forward" << (differentiable ? ", backward and adjoint (gap " : "") ;
+    os << "forward"
+       << (!differentiable   ? ""
+           : c.is_linear() ? ", backward (x, W and b), the stored blocks and both adjoints (gap "
+                           : ", backward and adjoint (gap ");
     if (differentiable) os << gaps[0] << ")";
     os << " match the reference; y " << shape_string(shape_of(out.y));
   } else {

@@ -72,7 +72,10 @@ struct Field {
 
 constexpr const char* kPrimitives[] = {"broadcast",      "sum_reduce",  "all_sum_reduce",
                                        "all_gather",     "reduce_scatter", "repartition",
-                                       "transpose",      "halo_exchange"};
+                                       "transpose",      "halo_exchange",
+                                       "linear",         "linear_all_gather",
+                                       "linear_reduce_scatter", "linear_all_gather_zero",
+                                       "linear_reduce_scatter_zero"};
 constexpr const char* kDtypes[] = {"float32", "float",  "float64", "double", "bfloat16", "float16",
                                    "half",    "uint8",  "int8",    "int16",  "int32",    "int64"};
 constexpr const char* kSpecExpected =
@@ -115,7 +118,8 @@ struct Rule {
 const Rule kRules[] = {
     {"primitive",
      "one of \"broadcast\", \"sum_reduce\", \"all_sum_reduce\", \"all_gather\", \"reduce_scatter\", "
-     "\"repartition\" (or \"transpose\"), \"halo_exchange\"",
+     "\"repartition\" (or \"transpose\"), \"halo_exchange\", \"linear\", \"linear_all_gather\", "
+     "\"linear_reduce_scatter\", \"linear_all_gather_zero\", \"linear_reduce_scatter_zero\"",
      [](const Field& f, Case& c) {
        c.primitive = f.text();
        if (!one_of(c.primitive, kPrimitives)) f.fail();
@@ -123,6 +127,12 @@ const Rule kRules[] = {
      }},
     {"P_x", kSpecExpected, [](const Field& f, Case& c) { c.P_x = spec_from(f); }},
     {"P_y", kSpecExpected, [](const Field& f, Case& c) { c.P_y = spec_from(f); }},
+    {"P_W", kSpecExpected, [](const Field& f, Case& c) { c.P_W = spec_from(f); }},
+    {"out_features", "a positive integer (Linear layers)",
+     [](const Field& f, Case& c) { c.out_features = f.integer(1); }},
+    {"in_features", "a positive integer (Linear layers; default: global_shape's last extent)",
+     [](const Field& f, Case& c) { c.in_features = f.integer(1); }},
+    {"bias", "a boolean (Linear layers)", [](const Field& f, Case& c) { c.bias = f.flag(); }},
     {"axes", "an array of non-negative integers (dimensions of P_x)",
      [](const Field& f, Case& c) { c.axes = f.small_integers(0); }},
     {"axis", "a non-negative integer (a dimension of P_x)",
@@ -204,6 +214,8 @@ std::vector<const char*> required_by(const std::string& primitive) {
   if (primitive == "all_sum_reduce") return {"axes"};
   if (primitive == "all_gather" || primitive == "reduce_scatter") return {"axis", "dim"};  // or DistDL's
   if (primitive == "halo_exchange") return {"left", "right"};
+  if (primitive == "linear") return {"P_y", "P_W", "out_features"};
+  if (primitive.rfind("linear_", 0) == 0) return {"out_features"};
   return {"P_y"};
 }
 
@@ -257,6 +269,21 @@ Case Case::from_json(const json::Value& v, const std::string& source) {
       wrong("axes_all_gather", "reduce_scatter takes axes_reduce_scatter");
   }
 
+  if (c.is_linear()) {
+    auto wrong = [&](const char* name, const std::string& why) {
+      throw CaseError(source + ": field \"" + name + "\": " + why);
+    };
+    if (!v.contains("global_shape"))
+      wrong("global_shape", "the Linear layers take x as the balanced decomposition of global_shape");
+    for (const char* k : {"local_shape", "local_shapes", "options", "axes", "axis", "dim", "left", "right"})
+      if (v.contains(k)) wrong(k, "not a field of the Linear layers");
+    if (c.dtype != "float32" && c.dtype != "float" && c.dtype != "float64" && c.dtype != "double" &&
+        c.dtype != "bfloat16")
+      wrong("dtype", "the Linear layers take float32, float64 or bfloat16, got \"" + c.dtype + "\"");
+  } else {
+    for (const char* k : {"P_W", "out_features", "in_features", "bias"})
+      if (v.contains(k)) throw CaseError(source + ": field \"" + k + "\": only the Linear layers take it");
+  }
   const int given = v.contains("global_shape") + v.contains("local_shape") + v.contains("local_shapes");
   if (given != 1)
     throw CaseError(source + ": fields \"global_shape\", \"local_shape\", \"local_shapes\": expected "
@@ -316,6 +343,12 @@ json::Value Case::to_json() const {
     v["left"] = left;
     v["right"] = right;
   }
+  if (is_linear()) {
+    if (P_W) v["P_W"] = spec_json(*P_W);
+    v["out_features"] = out_features;
+    if (in_features) v["in_features"] = in_features;
+    v["bias"] = bias;
+  }
   if (global_shape) v["global_shape"] = *global_shape;
   if (local_shape) v["local_shape"] = *local_shape;
   if (!local_shapes.empty()) {
@@ -323,9 +356,10 @@ json::Value Case::to_json() const {
     for (const auto& [r, s] : local_shapes) m[std::to_string(r)] = s;
     v["local_shapes"] = m;
   }
-  v["options"] = {{"transpose_src", options.transpose_src},
-                  {"transpose_dest", options.transpose_dest},
-                  {"preserve_batch", options.preserve_batch}};
+  if (!is_linear())
+    v["options"] = {{"transpose_src", options.transpose_src},
+                    {"transpose_dest", options.transpose_dest},
+                    {"preserve_batch", options.preserve_batch}};
   v["dtype"] = dtype;
   if (ranks) v["ranks"] = ranks;
   if (data_seed) v["data_seed"] = *data_seed;
@@ -336,11 +370,14 @@ json::Value Case::to_json() const {
 
 std::string Case::repro() const { return json::dump(to_json()); }
 
+bool Case::is_linear() const { return primitive == "linear" || primitive.rfind("linear_", 0) == 0; }
+
 int Case::world_size_needed() const {
   int n = 0;
   for (int r : P_x.ranks) n = std::max(n, r + 1);
-  if (P_y)
-    for (int r : P_y->ranks) n = std::max(n, r + 1);
+  for (const auto* P : {&P_y, &P_W})
+    if (*P)
+      for (int r : (*P)->ranks) n = std::max(n, r + 1);
   return std::max(n, ranks);
 }
 

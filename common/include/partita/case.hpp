@@ -25,7 +25,9 @@ struct PartitionSpec {
 
 struct Case {
   // broadcast | sum_reduce | all_sum_reduce | all_gather | reduce_scatter |
-  // repartition (alias: transpose) | halo_exchange
+  // repartition (alias: transpose) | halo_exchange, or one of seed 002's
+  // layers: linear | linear_all_gather | linear_reduce_scatter |
+  // linear_all_gather_zero | linear_reduce_scatter_zero
   std::string primitive;
   PartitionSpec P_x;
   std::optional<PartitionSpec> P_y;  // not for all_sum_reduce
@@ -37,6 +39,14 @@ struct Case {
   // (reduce_scatter), axes_keep, scale_backward (all_gather).
   std::optional<GatherAxes> distdl;
   Shape left, right;                 // halo_exchange: ghost widths per tensor dimension
+  // The Linear layers (docs/linear.md): P_x holds x and P_y holds y (absent:
+  // the single-partition forms, y on P_x); the general layer's P_W. in
+  // features default to the last extent of global_shape (the only input
+  // form the layers take). W and b are drawn like the inputs.
+  std::optional<PartitionSpec> P_W;
+  int64_t out_features = 0;
+  int64_t in_features = 0;
+  bool bias = true;
   Options options;
   std::string dtype = "float64";
 
@@ -73,6 +83,7 @@ struct Case {
   nlohmann::ordered_json to_json() const;
   std::string repro() const;  // to_json() on one line
 
+  bool is_linear() const;  // one of the Linear layers
   int world_size_needed() const;
   // The shape of world rank `worker`'s input; {0} for a worker outside P_x.
   Shape input_shape(int worker) const;
