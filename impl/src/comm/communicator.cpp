@@ -50,6 +50,12 @@ Communicator Communicator::from(const Partition& P) {
   return c;
 }
 
+Communicator Communicator::wrap(MPI_Comm comm) {
+  Communicator c;
+  if (comm != MPI_COMM_NULL) c.s_ = make_state(comm);
+  return c;
+}
+
 Communicator Communicator::dup() const {
   const CommState& s = detail::state_of(s_, "dup");
   auto owned = std::shared_ptr<MPI_Comm>(new MPI_Comm(MPI_COMM_NULL), [](MPI_Comm* c) {

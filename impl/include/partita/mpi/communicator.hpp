@@ -80,6 +80,9 @@ class Communicator {
   // The communicator of a partition (a non-member gets an invalid
   // communicator: every call on it raises). Local.
   static Communicator from(const Partition& P);
+  // Wraps a communicator the caller owns and keeps alive (e.g. smp's mp
+  // group, partita/smp/communicators.hpp). Local.
+  static Communicator wrap(MPI_Comm comm);
   // A fresh duplicate (MPI_Comm_idup, collective): its messages never match
   // those of this communicator.
   Communicator dup() const;
