@@ -23,8 +23,11 @@
 // a std::vector of the microbatches' values. detach_outputs (default true)
 // detaches the returned tensors.
 //
-// This is the single-process loop; issue 14 runs microbatches across the
-// model's partitions.
+// The forwards run in microbatch order. When the function uses an
+// smp::DistributedModel (partita/smp/pipeline.hpp), the microbatches'
+// backward passes (model.backward) run where the pipeline schedule puts them
+// and the returned tensors are the last stage's on every stage; without one,
+// each call runs to its end as on one process (docs/pipeline.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -231,6 +234,50 @@ struct Collect<std::tuple<T...>> {
   }
 };
 
+// --- visiting the tensors of a value ------------------------------------------
+
+// Calls f(at::Tensor&) on every tensor of x: itself, or inside std::vector,
+// std::map (values), std::pair and std::tuple, recursively; nothing else.
+template <typename T, typename = void>
+struct EachTensor {
+  template <typename F>
+  static void visit(T&, F&) {}
+};
+template <>
+struct EachTensor<at::Tensor> {
+  template <typename F>
+  static void visit(at::Tensor& t, F& f) { f(t); }
+};
+template <typename T, typename A>
+struct EachTensor<std::vector<T, A>> {
+  template <typename F>
+  static void visit(std::vector<T, A>& v, F& f) {
+    for (auto& x : v) EachTensor<T>::visit(x, f);
+  }
+};
+template <typename K, typename V, typename C, typename A>
+struct EachTensor<std::map<K, V, C, A>> {
+  template <typename F>
+  static void visit(std::map<K, V, C, A>& m, F& f) {
+    for (auto& kv : m) EachTensor<V>::visit(kv.second, f);
+  }
+};
+template <typename P, typename Q>
+struct EachTensor<std::pair<P, Q>> {
+  template <typename F>
+  static void visit(std::pair<P, Q>& x, F& f) {
+    EachTensor<P>::visit(x.first, f);
+    EachTensor<Q>::visit(x.second, f);
+  }
+};
+template <typename... T>
+struct EachTensor<std::tuple<T...>> {
+  template <typename F>
+  static void visit(std::tuple<T...>& x, F& f) {
+    std::apply([&f](auto&... e) { (EachTensor<std::decay_t<decltype(e)>>::visit(e, f), ...); }, x);
+  }
+};
+
 // --- the step -----------------------------------------------------------------
 
 namespace detail {
@@ -253,6 +300,35 @@ int resolve_microbatches(const StepOptions& o, size_t arg_count);
 bool is_split(const StepOptions& o, size_t i);
 int64_t split_axis(const StepOptions& o, size_t i);
 std::string arg_label(const StepOptions& o, size_t i);
+// "[4, 3] Double" for the step's argument fingerprint.
+std::string describe(const at::Tensor& t);
+
+// One call of a step, run by the schedule of this rank's pipeline stage
+// (pipeline.cpp). Without a DistributedModel in the step, backward() and
+// share_outputs() do nothing and the step is the single-process loop.
+class PipelineStep {
+ public:
+  // `fingerprint`: the shapes of the split arguments, compared across the
+  // pipeline's stages at the model's first call.
+  PipelineStep(int microbatches, std::string fingerprint);
+  ~PipelineStep();  // a step that threw leaves no state behind
+  PipelineStep(const PipelineStep&) = delete;
+  PipelineStep& operator=(const PipelineStep&) = delete;
+
+  // Forward mb: >= 0; backward of mb: -(mb + 1).
+  const std::vector<int>& actions() const { return actions_; }
+  // After the step function returned for mb: checks that what it returned
+  // depends on the model's output (seed 004), if the model ran.
+  void after_forward(int mb, const std::vector<at::Tensor>& returned);
+  void backward(int mb);
+  // The last stage's returned tensors replace this stage's (every
+  // microbatch's, in order); then the dp all-reduce. Every stage calls it.
+  void finish(const std::vector<at::Tensor*>& returned);
+
+ private:
+  std::vector<int> actions_;
+  bool finished_ = false;
+};
 }  // namespace detail
 
 template <typename F>
@@ -273,12 +349,42 @@ class Step {
       detail::MicrobatchScope scope(mb, n);
       return call(piece, mb, std::index_sequence_for<Args...>{}, args...);
     };
+    detail::PipelineStep pipe(n, fingerprint(std::index_sequence_for<Args...>{}, args...));
+    auto tensors = [](auto& value) {
+      std::vector<at::Tensor*> out;
+      auto add = [&out](at::Tensor& t) { out.push_back(&t); };
+      EachTensor<std::decay_t<decltype(value)>>::visit(value, add);
+      return out;
+    };
     if constexpr (std::is_void_v<R>) {
-      for (int mb = 0; mb < n; ++mb) run(mb);
+      for (int a : pipe.actions()) {
+        if (a < 0) {
+          pipe.backward(-a - 1);
+          continue;
+        }
+        run(a);
+        pipe.after_forward(a, {});
+      }
+      pipe.finish({});
     } else {
+      std::vector<std::optional<R>> slots(n);
+      for (int a : pipe.actions()) {
+        if (a < 0) {
+          pipe.backward(-a - 1);
+          continue;
+        }
+        slots[a].emplace(run(a));
+        std::vector<at::Tensor> returned;
+        for (at::Tensor* t : tensors(*slots[a])) returned.push_back(*t);
+        pipe.after_forward(a, returned);
+      }
       std::vector<R> per_mb;
       per_mb.reserve(n);
-      for (int mb = 0; mb < n; ++mb) per_mb.push_back(run(mb));
+      for (auto& s : slots) per_mb.push_back(std::move(*s));
+      std::vector<at::Tensor*> all;
+      for (auto& r : per_mb)
+        for (at::Tensor* t : tensors(r)) all.push_back(t);
+      pipe.finish(all);
       return Collect<R>::make(std::move(per_mb), o_.detach_outputs);
     }
   }
@@ -287,6 +393,21 @@ class Step {
   template <typename Piece, size_t... I, typename... Args>
   auto call(Piece& piece, int mb, std::index_sequence<I...>, const Args&... args) {
     return f_(piece(args, I, mb)...);
+  }
+
+  // The split arguments' tensors' shapes: the stages of a pipeline must
+  // all be given the same batch.
+  template <size_t... I, typename... Args>
+  std::string fingerprint(std::index_sequence<I...>, const Args&... args) {
+    std::string out;
+    auto one = [&](const auto& arg, size_t i) {
+      if (!detail::is_split(o_, i)) return;
+      auto copy = arg;
+      auto add = [&out, i](at::Tensor& t) { out += std::to_string(i) + ":" + detail::describe(t) + " "; };
+      EachTensor<std::decay_t<decltype(arg)>>::visit(copy, add);
+    };
+    (one(args, I), ...);
+    return out;
   }
 
   F f_;

@@ -1,0 +1,120 @@
+// Pipeline-parallel execution (seed 004's smp.DistributedModel, issue 14;
+// docs/pipeline.md).
+//
+//   smp::init({/*partitions=*/4, /*microbatches=*/8, "interleaved"});
+//   torch::nn::Sequential net(...);             // the whole model, on every rank
+//   smp::DistributedModel model(net);            // keeps this rank's stage
+//   auto train = smp::step([&](at::Tensor x, at::Tensor y) {
+//     at::Tensor loss = torch::mse_loss(model(x), y);
+//     model.backward(loss);                      // loss / microbatches, when the schedule says
+//     return loss;
+//   });
+//   torch::optim::SGD opt(model.parameters(), 0.1);
+//   smp::StepOutput losses = train(x, y);        // the last stage's losses, on every rank
+//   opt.step(); opt.zero_grad();
+//
+// The Sequential's children are split into mp_size stages of consecutive
+// layers (explicit split points, or balanced by parameter count); stage s
+// runs on mp rank s. Activations travel forward, and their gradients back,
+// through partita::mpi::Communicator's differentiable isend/irecv on the mp
+// group. smp::step calls the step function once per microbatch (the
+// forwards, in microbatch order) and runs the microbatches' backward passes
+// where the schedule puts them: "simple" (GPipe: every forward, then every
+// backward) or "interleaved" (1F1B). On every stage but the last, model(x)
+// returns a stand-in of the output's shape (zeros): the step's returned
+// tensors are replaced by the last stage's after the step. With dp_size > 1
+// the replicas average their gradients (one all-reduce over the dp group at
+// the end of the step).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "partita/smp.hpp"
+
+namespace partita::smp {
+
+enum class Pipeline { kSimple, kInterleaved };
+// "simple" / "interleaved" (the Config's pipeline field); ConfigError otherwise.
+Pipeline pipeline_from_name(const std::string& name);
+const char* name(Pipeline p);
+
+struct PipelineAction {
+  enum Kind { kForward, kBackward };
+  Kind kind;
+  int microbatch;
+  bool operator==(const PipelineAction& o) const { return kind == o.kind && microbatch == o.microbatch; }
+};
+
+// Pure (no MPI): the order in which `stage` of `stages` runs the forward and
+// backward passes of `microbatches` microbatches. Forwards come in
+// microbatch order, and so do backwards, on every stage.
+std::vector<PipelineAction> schedule(Pipeline p, int stage, int stages, int microbatches);
+// The most microbatches whose forward has run and backward has not, along
+// `actions`.
+int peak_live(const std::vector<PipelineAction>& actions);
+// Contiguous stages of at least one layer each minimising the largest
+// stage's parameter count; returns the stage bounds (stages + 1 numbers,
+// stage s holds layers [b[s], b[s+1])). Among equal maxima, the earliest
+// split points. UsageError when there are fewer layers than stages.
+std::vector<int> balance_by_parameters(const std::vector<int64_t>& params_per_layer, int stages);
+
+// Counters of this stage, for the last step (docs/pipeline.md). An
+// activation is a microbatch whose forward ran here and whose backward has
+// not; its bytes are the outputs of this stage's layers for it.
+struct PipelineStats {
+  int live = 0;
+  int peak_live = 0;
+  int64_t live_bytes = 0;
+  int64_t peak_bytes = 0;
+  double busy_seconds = 0;  // in this stage's layers, forward and backward
+  double wait_seconds = 0;  // waiting for an activation or a gradient
+  double step_seconds = 0;  // first action to last action of the schedule
+  int forwards = 0, backwards = 0;
+};
+
+class DistributedModel {
+ public:
+  // Collective over the mp group (smp::init first). `split_points`: empty
+  // (balanced by parameter count) or mp_size - 1 increasing layer indices in
+  // (0, layers) at which a new stage starts. Every rank builds the same
+  // model; this rank keeps layers [first_layer(), end_layer()). UsageError
+  // on every rank when the model has fewer layers than stages, the ranks'
+  // models have different layer counts, or the split points are bad.
+  explicit DistributedModel(torch::nn::Sequential model, std::vector<int> split_points = {});
+
+  // Inside smp::step, once per microbatch: stage 0 runs on x, the others on
+  // what the previous stage sends (x only gives the shape they check). The
+  // last stage returns the output; the others a zero stand-in of its shape.
+  at::Tensor operator()(const at::Tensor& x);
+  at::Tensor forward(const at::Tensor& x) { return (*this)(x); }
+  // Inside smp::step, once per microbatch, with a scalar that depends on
+  // this microbatch's model output: its backward (of loss / microbatches)
+  // runs when the schedule says. The other stages' backward passes start
+  // from the gradient the next stage sends; their `loss` is only checked.
+  void backward(const at::Tensor& loss);
+
+  int stage() const;
+  int stages() const;
+  int first_layer() const;
+  int end_layer() const;
+  const std::vector<int>& bounds() const;  // every stage's bounds (stages + 1)
+  // This stage's parameters (for the optimizer), and with the Sequential's
+  // own names ("3.weight").
+  std::vector<at::Tensor> parameters() const;
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
+  const PipelineStats& stats() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace partita::smp

@@ -1,0 +1,49 @@
+// The pipeline's central check (issue 14), shared by its spec test and its
+// lockstep property: a model trained through smp::DistributedModel and
+// smp::step equals the same model trained on one process with the whole
+// batch (every replica's rows), loss, gradients and parameters, in float64.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "partita/smp/pipeline.hpp"
+
+namespace partita::testing {
+
+// An MLP (Linear, GELU, Linear, GELU, ..., Linear: widths[0] in, widths.back()
+// out) or a stack of transformer-style blocks (Linear(in, width), then one
+// residual block x + Linear(GELU(Linear(LayerNorm(x)))) per hidden width
+// widths[1..n-2] with width widths[1], then Linear(width, out)).
+struct ModelSpec {
+  bool blocks = false;
+  std::vector<int64_t> widths;
+  uint64_t seed = 1;
+};
+
+// Float64, parameters drawn from `seed`: the same model on every rank.
+torch::nn::Sequential build_model(const ModelSpec& spec);
+
+struct PipelineRun {
+  ModelSpec model;
+  int microbatches = 1;
+  std::vector<int> split_points;  // empty: balanced by parameter count
+  int64_t batch = 8;              // per replica
+  int steps = 5;
+  double lr = 0.05;
+};
+
+std::ostream& operator<<(std::ostream& os, const PipelineRun& r);
+
+// Collective over the world, after smp::init (partitions and pipeline come
+// from the configuration). Returns "" when every step's loss and gradients
+// and the final parameters equal the single-process run within `tol`, else
+// the first difference. `stats` receives the model's counters of the last step.
+std::string check_against_serial(const PipelineRun& run, double tol = 1e-10,
+                                 smp::PipelineStats* stats = nullptr);
+
+}  // namespace partita::testing

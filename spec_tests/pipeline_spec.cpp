@@ -1,0 +1,287 @@
+// Pipeline-parallel execution (issue 14, docs/pipeline.md): the schedules
+// written out by hand, the balanced split, the central check (an MLP and a
+// stack of transformer-style blocks trained through smp::DistributedModel at
+// every partition count this world allows, 1, 2, 4 and 8 microbatches, both
+// schedules, equal to one process on the whole batch within 1e-10 for 5 SGD
+// steps), the live-activation counter of each schedule, and the errors that
+// must be raised on every rank.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "expect_raises.hpp"
+#include "harness/pipeline_checks.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/smp.hpp"
+#include "partita/smp/pipeline.hpp"
+#include "partita/smp/step.hpp"
+
+namespace partita::spec {
+namespace {
+
+using A = smp::PipelineAction;
+
+std::string timeline(const std::vector<A>& actions) {
+  std::string s;
+  for (const auto& a : actions) s += (s.empty() ? "" : " ") + std::string(a.kind == A::kForward ? "F" : "B") + std::to_string(a.microbatch);
+  return s;
+}
+
+TEST(Pipeline, SchedulesByHandFourStagesEightMicrobatches) {
+  using smp::Pipeline;
+  EXPECT_EQ(timeline(smp::schedule(Pipeline::kSimple, 2, 4, 8)),
+            "F0 F1 F2 F3 F4 F5 F6 F7 B0 B1 B2 B3 B4 B5 B6 B7");
+  EXPECT_EQ(timeline(smp::schedule(Pipeline::kInterleaved, 0, 4, 8)),
+            "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  EXPECT_EQ(timeline(smp::schedule(Pipeline::kInterleaved, 1, 4, 8)),
+            "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+  EXPECT_EQ(timeline(smp::schedule(Pipeline::kInterleaved, 3, 4, 8)),
+            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  // Fewer microbatches than stages: the warm-up is cut short.
+  EXPECT_EQ(timeline(smp::schedule(Pipeline::kInterleaved, 0, 4, 2)), "F0 F1 B0 B1");
+  // Peak activations held: GPipe every microbatch, 1F1B at most stages - s.
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ(smp::peak_live(smp::schedule(Pipeline::kSimple, s, 4, 8)), 8);
+    EXPECT_EQ(smp::peak_live(smp::schedule(Pipeline::kInterleaved, s, 4, 8)), 4 - s);
+  }
+  EXPECT_CONTAINS(raised<smp::ConfigError>([] { smp::pipeline_from_name("zigzag"); }), "zigzag");
+}
+
+TEST(Pipeline, BalancedSplitByHand) {
+  EXPECT_EQ(smp::balance_by_parameters({1, 100, 1, 1}, 2), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(smp::balance_by_parameters({10, 0, 10, 10}, 2), (std::vector<int>{0, 1, 4}));  // ties: earliest
+  EXPECT_EQ(smp::balance_by_parameters({5, 5, 5, 5}, 4), (std::vector<int>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(smp::balance_by_parameters({8, 0, 8, 0, 8, 0, 8}, 2), (std::vector<int>{0, 3, 7}));
+  EXPECT_CONTAINS(raised<smp::UsageError>([] { smp::balance_by_parameters({1, 2}, 3); }),
+                  "2 layers, fewer than the 3 pipeline stages");
+}
+
+// Partition counts of this world among 1, 2, 4.
+std::vector<int> partition_counts() {
+  std::vector<int> out;
+  for (int p : {1, 2, 4})
+    if (mpi::world_size() % p == 0) out.push_back(p);
+  return out;
+}
+
+void init(int partitions, const std::string& pipeline) {
+  smp::Config cfg;
+  cfg.partitions = partitions;
+  cfg.pipeline = pipeline;
+  smp::init(cfg);
+}
+
+testing::ModelSpec mlp() { return {false, {6, 12, 10, 12, 9, 12, 4}, 11}; }          // 11 layers
+testing::ModelSpec blocks() { return {true, {6, 8, 16, 12, 16, 5}, 12}; }            // 6 layers
+
+// The central check of issue 14.
+TEST(Pipeline, EqualsOneProcessOnTheWholeBatch) {
+  torch::set_num_threads(1);
+  int runs = 0;
+  for (int p : partition_counts())
+    for (const char* pipeline : {"simple", "interleaved"}) {
+      init(p, pipeline);
+      for (const auto& spec : {mlp(), blocks()})
+        for (int m : {1, 2, 4, 8}) {
+          testing::PipelineRun run;
+          run.model = spec;
+          run.microbatches = m;
+          std::ostringstream repro;
+          repro << run;
+          EXPECT_EQ(testing::check_against_serial(run), "") << repro.str();
+          ++runs;
+        }
+    }
+  EXPECT_EQ(runs, 16 * static_cast<int>(partition_counts().size()));
+}
+
+// Explicit split points, uneven stages (one stage of one layer).
+TEST(Pipeline, ExplicitSplitPoints) {
+  torch::set_num_threads(1);
+  for (int p : partition_counts()) {
+    if (p == 1) continue;
+    init(p, "interleaved");
+    testing::PipelineRun run;
+    run.model = blocks();
+    run.microbatches = 4;
+    run.split_points = p == 2 ? std::vector<int>{1} : std::vector<int>{1, 2, 5};
+    smp::PipelineStats stats;
+    EXPECT_EQ(testing::check_against_serial(run, 1e-10, &stats), "") << run;
+    EXPECT_EQ(stats.forwards, 4);
+    EXPECT_EQ(stats.backwards, 4);
+  }
+}
+
+// Item 4: the counter of live activations. 1F1B holds at most mp_size
+// microbatches on the first stage (stages - s on stage s), GPipe all of them.
+TEST(Pipeline, LiveActivationsPerSchedule) {
+  torch::set_num_threads(1);
+  for (int p : partition_counts())
+    for (const char* pipeline : {"simple", "interleaved"}) {
+      init(p, pipeline);
+      testing::PipelineRun run;
+      run.model = mlp();
+      run.microbatches = 8;
+      run.steps = 1;
+      smp::PipelineStats stats;
+      ASSERT_EQ(testing::check_against_serial(run, 1e-10, &stats), "");
+      const int s = smp::mp_rank();
+      const int expected = std::string(pipeline) == "simple" ? 8 : std::min(p - s, 8);
+      EXPECT_EQ(stats.peak_live, expected) << pipeline << " stage " << s << " of " << p;
+      if (std::string(pipeline) == "interleaved" && s == 0) EXPECT_LE(stats.peak_live, p);
+      EXPECT_EQ(stats.live, 0);
+      EXPECT_EQ(stats.live_bytes, 0);
+      EXPECT_GT(stats.peak_bytes, 0);
+    }
+}
+
+// The losses every stage gets back are the last stage's, per microbatch.
+TEST(Pipeline, EveryStageReturnsTheLastStagesOutputs) {
+  torch::set_num_threads(1);
+  for (int p : partition_counts()) {
+    init(p, "simple");
+    torch::nn::Sequential net = testing::build_model(mlp());
+    torch::nn::Sequential ref = testing::build_model(mlp());
+    smp::DistributedModel model(net);
+    smp::StepOptions o;
+    o.microbatches = 4;
+    auto eval = smp::step([&](at::Tensor x) { return model(x); }, o);  // forward only
+    torch::manual_seed(5);
+    const at::Tensor x = torch::randn({8, 6}, torch::kDouble);
+    const smp::StepOutput out = eval(x);
+    ASSERT_EQ(out.outputs().size(), 4u);
+    const at::Tensor expected = ref->forward(x).detach();
+    EXPECT_LE((out.concat() - expected).abs().max().item<double>(), 1e-12);
+    EXPECT_GT(expected.abs().max().item<double>(), 0);
+    EXPECT_EQ(model.stats().backwards, 0);
+  }
+}
+
+// --- errors: on every rank, never a hang -------------------------------------------
+
+TEST(PipelineErrors, FewerLayersThanStages) {
+  const int n = mpi::world_size();
+  if (n == 1) GTEST_SKIP() << "needs 2+ ranks (one stage always has a layer)";
+  init(n, "interleaved");
+  torch::nn::Sequential net(torch::nn::Linear(3, 3));
+  EXPECT_CONTAINS(raised<smp::UsageError>([&] { smp::DistributedModel m(net); }),
+                  "has 1 layers, fewer than the " + std::to_string(n) + " pipeline stages");
+  // Explicit split points cannot get round it either.
+  std::vector<int> points(n - 1, 1);
+  EXPECT_CONTAINS(raised<smp::UsageError>([&] { smp::DistributedModel m(net, points); }), "fewer than the");
+}
+
+TEST(PipelineErrors, BadSplitPoints) {
+  const int n = mpi::world_size();
+  if (n == 1) GTEST_SKIP() << "needs 2+ ranks";
+  init(2, "simple");
+  EXPECT_CONTAINS(raised<smp::UsageError>([] { smp::DistributedModel m(testing::build_model(mlp()), {0}); }),
+                  "split points must increase");
+  EXPECT_CONTAINS(raised<smp::UsageError>([] { smp::DistributedModel m(testing::build_model(mlp()), {3, 5}); }),
+                  "2 split points for 2 stages");
+}
+
+TEST(PipelineErrors, ReturnValueMustDependOnTheModelOutput) {
+  for (int p : partition_counts()) {
+    init(p, "interleaved");
+    smp::DistributedModel model(testing::build_model(mlp()));
+    smp::StepOptions o;
+    o.microbatches = 2;
+    auto bad = smp::step(
+        [&](at::Tensor x, at::Tensor y) {
+          at::Tensor loss = torch::mse_loss(model(x), y);
+          model.backward(loss);
+          return (x * 2).sum();  // not the loss
+        },
+        o);
+    const at::Tensor x = torch::randn({4, 6}, torch::kDouble), y = torch::randn({4, 4}, torch::kDouble);
+    EXPECT_CONTAINS(raised<smp::UsageError>([&] { bad(x, y); }),
+                    "return value does not depend on the output of the smp::DistributedModel");
+    // A loss that does not depend on the output cannot be backpropagated.
+    auto bad_loss = smp::step(
+        [&](at::Tensor x, at::Tensor y) {
+          at::Tensor out = model(x);
+          model.backward((x * 3).sum());
+          return out;
+        },
+        o);
+    EXPECT_CONTAINS(raised<smp::UsageError>([&] { bad_loss(x, y); }), "the loss does not depend on the model's output");
+    // The model outside a step.
+    EXPECT_CONTAINS(raised<smp::UsageError>([&] { model(x); }), "inside an smp::step");
+    // The same model still trains correctly afterwards (nothing left behind).
+    auto good = smp::step(
+        [&](at::Tensor x, at::Tensor y) {
+          at::Tensor loss = torch::mse_loss(model(x), y);
+          model.backward(loss);
+          return loss;
+        },
+        o);
+    EXPECT_GT(good(x, y).reduce_mean().item<double>(), 0);
+  }
+}
+
+TEST(PipelineErrors, MismatchedMicrobatchShapes) {
+  const int n = mpi::world_size();
+  if (n == 1) GTEST_SKIP() << "needs 2+ ranks (one stage sees one batch)";
+  init(n, "simple");
+  smp::DistributedModel model(testing::build_model(mlp()));
+  smp::StepOptions o;
+  o.microbatches = 2;
+  auto train = smp::step(
+      [&](at::Tensor x, at::Tensor y) {
+        at::Tensor loss = torch::mse_loss(model(x), y);
+        model.backward(loss);
+        return loss;
+      },
+      o);
+  // The last stage's data loader gives it a batch of 6, the others 4.
+  const int64_t b = smp::mp_rank() == n - 1 ? 6 : 4;
+  const at::Tensor x = torch::randn({b, 6}, torch::kDouble), y = torch::randn({b, 4}, torch::kDouble);
+  const std::string text = raised<smp::UsageError>([&] { train(x, y); });
+  EXPECT_CONTAINS(text, "mismatched microbatch shapes");
+  EXPECT_CONTAINS(text, "stage 0: microbatches 2, split arguments 0:[4, 6] Double 1:[4, 4] Double");
+  EXPECT_CONTAINS(text, "stage " + std::to_string(n - 1) + ": microbatches 2, split arguments 0:[6, 6] Double");
+  // Different microbatch counts on the stages are caught the same way.
+  smp::StepOptions o2 = o;
+  o2.microbatches = smp::mp_rank() == 0 ? 4 : 2;
+  auto train2 = smp::step(
+      [&](at::Tensor x, at::Tensor y) {
+        at::Tensor loss = torch::mse_loss(model(x), y);
+        model.backward(loss);
+        return loss;
+      },
+      o2);
+  const at::Tensor x4 = torch::randn({4, 6}, torch::kDouble), y4 = torch::randn({4, 4}, torch::kDouble);
+  EXPECT_CONTAINS(raised<smp::UsageError>([&] { train2(x4, y4); }), "mismatched microbatch shapes");
+}
+
+TEST(PipelineErrors, MisuseInsideTheStep) {
+  for (int p : partition_counts()) {
+    init(p, "interleaved");
+    smp::DistributedModel model(testing::build_model(mlp()));
+    smp::StepOptions o;
+    o.microbatches = 2;
+    const at::Tensor x = torch::randn({4, 6}, torch::kDouble), y = torch::randn({4, 4}, torch::kDouble);
+    auto twice = smp::step(
+        [&](at::Tensor x, at::Tensor y) {
+          at::Tensor loss = torch::mse_loss(model(x), y);
+          model.backward(loss);
+          model.backward(loss);
+          return loss;
+        },
+        o);
+    EXPECT_CONTAINS(raised<smp::UsageError>([&] { twice(x, y); }), "called twice in one microbatch");
+    auto only_first = smp::step(
+        [&](at::Tensor x, at::Tensor y) {
+          at::Tensor loss = torch::mse_loss(model(x), y);
+          if (smp::microbatch() == 0) model.backward(loss);
+          return loss;
+        },
+        o);
+    EXPECT_CONTAINS(raised<smp::UsageError>([&] { only_first(x, y); }),
+                    "did not call model.backward in this microbatch");
+  }
+}
+
+}  // namespace
+}  // namespace partita::spec
