@@ -208,14 +208,8 @@ TEST(PipelineErrors, ReturnValueMustDependOnTheModelOutput) {
     EXPECT_CONTAINS(raised<smp::UsageError>([&] { bad_loss(x, y); }), "the loss does not depend on the model's output");
     // The model outside a step.
     EXPECT_CONTAINS(raised<smp::UsageError>([&] { model(x); }), "inside an smp::step");
-    // The same model still trains correctly afterwards (nothing left behind).
-    auto good = smp::step(
-        [&](at::Tensor x, at::Tensor y) {
-          at::Tensor loss = torch::mse_loss(model(x), y);
-          model.backward(loss);
-          return loss;
-        },
-        o);
+    // The same model still trains afterwards (nothing left behind).
+    auto good = testing::mse_step(model, 2);
     EXPECT_GT(good(x, y).reduce_mean().item<double>(), 0);
   }
 }
@@ -225,15 +219,7 @@ TEST(PipelineErrors, MismatchedMicrobatchShapes) {
   if (n == 1) GTEST_SKIP() << "needs 2+ ranks (one stage sees one batch)";
   init(n, "simple");
   smp::DistributedModel model(testing::build_model(mlp()));
-  smp::StepOptions o;
-  o.microbatches = 2;
-  auto train = smp::step(
-      [&](at::Tensor x, at::Tensor y) {
-        at::Tensor loss = torch::mse_loss(model(x), y);
-        model.backward(loss);
-        return loss;
-      },
-      o);
+  auto train = testing::mse_step(model, 2);
   // The last stage's data loader gives it a batch of 6, the others 4.
   const int64_t b = smp::mp_rank() == n - 1 ? 6 : 4;
   const at::Tensor x = torch::randn({b, 6}, torch::kDouble), y = torch::randn({b, 4}, torch::kDouble);
@@ -242,15 +228,7 @@ TEST(PipelineErrors, MismatchedMicrobatchShapes) {
   EXPECT_CONTAINS(text, "stage 0: microbatches 2, split arguments 0:[4, 6] Double 1:[4, 4] Double");
   EXPECT_CONTAINS(text, "stage " + std::to_string(n - 1) + ": microbatches 2, split arguments 0:[6, 6] Double");
   // Different microbatch counts on the stages are caught the same way.
-  smp::StepOptions o2 = o;
-  o2.microbatches = smp::mp_rank() == 0 ? 4 : 2;
-  auto train2 = smp::step(
-      [&](at::Tensor x, at::Tensor y) {
-        at::Tensor loss = torch::mse_loss(model(x), y);
-        model.backward(loss);
-        return loss;
-      },
-      o2);
+  auto train2 = testing::mse_step(model, smp::mp_rank() == 0 ? 4 : 2);
   const at::Tensor x4 = torch::randn({4, 6}, torch::kDouble), y4 = torch::randn({4, 4}, torch::kDouble);
   EXPECT_CONTAINS(raised<smp::UsageError>([&] { train2(x4, y4); }), "mismatched microbatch shapes");
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "partita/smp/pipeline.hpp"
+#include "partita/smp/step.hpp"
 
 namespace partita::testing {
 
@@ -27,6 +28,20 @@ struct ModelSpec {
 
 // Float64, parameters drawn from `seed`: the same model on every rank.
 torch::nn::Sequential build_model(const ModelSpec& spec);
+
+// The seed's step: the mean-squared error of the model's output against y,
+// model.backward(loss), return the loss.
+inline auto mse_step(smp::DistributedModel& model, int microbatches) {
+  smp::StepOptions o;
+  o.microbatches = microbatches;
+  return smp::step(
+      [&model](at::Tensor x, at::Tensor y) {
+        at::Tensor loss = torch::mse_loss(model(x), y);
+        model.backward(loss);
+        return loss;
+      },
+      o);
+}
 
 struct PipelineRun {
   ModelSpec model;
