@@ -201,63 +201,92 @@ at::Tensor with_adjoint(at::Tensor out, const at::Tensor& x, bool attach,
 namespace partita::mpi::detail {
 
 namespace {
-// Elements of one unit of length along `dim` (the product of the others).
-int64_t row_volume(at::IntArrayRef sizes, int64_t dim) {
+// The volumes of the dimensions before and after `dim`: a tensor seen as
+// [outer, length, inner].
+int64_t outer_volume(at::IntArrayRef sizes, int64_t dim) {
   int64_t v = 1;
-  for (int64_t d = 0; d < static_cast<int64_t>(sizes.size()); ++d)
-    if (d != dim) v *= sizes[d];
+  for (int64_t d = 0; d < dim; ++d) v *= sizes[d];
+  return v;
+}
+int64_t inner_volume(at::IntArrayRef sizes, int64_t dim) {
+  int64_t v = 1;
+  for (int64_t d = dim + 1; d < static_cast<int64_t>(sizes.size()); ++d) v *= sizes[d];
   return v;
 }
 }  // namespace
 
-// Both move the gathered/scattered dimension to the front so that every
-// member's piece is one contiguous block, then move it back.
+// A contiguous tensor seen as [outer, length, inner] along `dim`: member r's
+// piece of a gathered tensor is a contiguous [outer, len_r, inner] block of
+// its own input, so the collective moves the pieces as they are, one after
+// the other in team order. Only when outer > 1 (dim is not the first
+// dimension) does a piece land in strided rows: then one copy (at::cat of
+// the received pieces, or of the slices before a reduce-scatter) puts the
+// rows in place. (An earlier version moved `dim` to the front and back, two
+// transposing copies of the whole tensor: profiled as the cost of the
+// ZeRO-3 Linear layers' weight gathers, docs/benchmarks.md.)
 at::Tensor allgather_dim(const Partition& team, const at::Tensor& x, int64_t dim,
                          const std::vector<int64_t>& lengths, const std::string& what) {
-  const at::Tensor front = x.movedim(dim, 0).contiguous();
-  const int64_t row = row_volume(x.sizes(), dim);
+  const at::Tensor c = x.contiguous();
+  const int64_t inner = inner_volume(c.sizes(), dim);
+  const int64_t outer = outer_volume(c.sizes(), dim);
   int64_t total = 0;
   std::vector<int> counts, displs;
   for (int64_t len : lengths) {
-    displs.push_back(mpi_count(total * row, what));
-    counts.push_back(mpi_count(len * row, what));
+    displs.push_back(mpi_count(total * outer * inner, what));
+    counts.push_back(mpi_count(len * outer * inner, what));
     total += len;
   }
-  std::vector<int64_t> out_sizes = front.sizes().vec();
-  out_sizes[0] = total;
-  at::Tensor out = at::empty(out_sizes, front.options());
-  if (team.size() == 1) {
-    out.copy_(front);
-  } else if (out.numel() > 0) {
+  std::vector<int64_t> out_sizes = c.sizes().vec();
+  out_sizes[dim] = total;
+  if (team.size() == 1) return c.clone();
+  // Pieces in team order, each [outer, len_r, inner]: the output itself
+  // when outer is 1.
+  at::Tensor staged = at::empty({outer * total * inner}, c.options());
+  if (staged.numel() > 0) {
     MPI_Request req;
-    PARTITA_MPI_CHECK(MPI_Iallgatherv(front.data_ptr(), mpi_count(front.numel(), what),
-                                      mpi_datatype(front.scalar_type()), out.data_ptr(),
+    PARTITA_MPI_CHECK(MPI_Iallgatherv(c.data_ptr(), mpi_count(c.numel(), what),
+                                      mpi_datatype(c.scalar_type()), staged.data_ptr(),
                                       counts.data(), displs.data(),
-                                      mpi_datatype(out.scalar_type()), team.comm(), &req));
+                                      mpi_datatype(c.scalar_type()), team.comm(), &req));
     wait(req, what.c_str());
   }
-  return out.movedim(0, dim).contiguous();
+  if (outer == 1) return staged.view(out_sizes);
+  std::vector<at::Tensor> pieces;
+  for (size_t r = 0; r < lengths.size(); ++r)
+    pieces.push_back(staged.narrow(0, displs[r], counts[r]).view({outer, lengths[r], inner}));
+  return at::cat(pieces, 1).view(out_sizes);
 }
 
 at::Tensor reduce_scatter_dim(const Partition& team, const at::Tensor& x, int64_t dim,
                               const std::vector<int64_t>& lengths, const std::string& what) {
-  const at::Tensor front = x.movedim(dim, 0).contiguous();
-  const int64_t row = row_volume(x.sizes(), dim);
+  const at::Tensor c = x.contiguous();
+  const int64_t inner = inner_volume(c.sizes(), dim);
+  const int64_t outer = outer_volume(c.sizes(), dim);
   std::vector<int> counts;
-  for (int64_t len : lengths) counts.push_back(mpi_count(len * row, what));
-  std::vector<int64_t> out_sizes = front.sizes().vec();
-  out_sizes[0] = lengths.at(team.rank());
-  at::Tensor out = at::empty(out_sizes, front.options());
-  if (team.size() == 1) {
-    out.copy_(front);
-  } else if (front.numel() > 0) {
+  for (int64_t len : lengths) counts.push_back(mpi_count(len * outer * inner, what));
+  std::vector<int64_t> out_sizes = c.sizes().vec();
+  out_sizes[dim] = lengths.at(team.rank());
+  if (team.size() == 1) return c.clone();
+  // Each member's slice as one contiguous block, in team order.
+  at::Tensor staged = c;
+  if (outer > 1) {
+    std::vector<at::Tensor> slices;
+    int64_t start = 0;
+    for (int64_t len : lengths) {
+      slices.push_back(c.view({outer, c.size(dim), inner}).narrow(1, start, len).reshape({-1}));
+      start += len;
+    }
+    staged = at::cat(slices);
+  }
+  at::Tensor out = at::empty(out_sizes, c.options());
+  if (c.numel() > 0) {
     MPI_Request req;
-    PARTITA_MPI_CHECK(MPI_Ireduce_scatter(front.data_ptr(), out.data_ptr(), counts.data(),
-                                          mpi_datatype(front.scalar_type()),
-                                          mpi_sum(front.scalar_type()), team.comm(), &req));
+    PARTITA_MPI_CHECK(MPI_Ireduce_scatter(staged.data_ptr(), out.data_ptr(), counts.data(),
+                                          mpi_datatype(c.scalar_type()),
+                                          mpi_sum(c.scalar_type()), team.comm(), &req));
     wait(req, what.c_str());
   }
-  return out.movedim(0, dim).contiguous();
+  return out;
 }
 
 }  // namespace partita::mpi::detail
