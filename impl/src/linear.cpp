@@ -90,6 +90,14 @@ void checked_construction(const std::string& name, int64_t in, int64_t out, cons
 
 at::Tensor nothing(at::ScalarType t) { return at::zeros({0}, at::TensorOptions().dtype(t)); }
 
+// Standard data parallelism: a parameter broadcast from its stored copy to
+// the data-parallel copies; without copies (no broadcast built) the stored
+// parameter itself.
+at::Tensor share(Broadcast& broadcast, const at::Tensor& p, bool owns, at::ScalarType dtype) {
+  if (broadcast.is_empty()) return p;
+  return broadcast(owns ? p : nothing(dtype));
+}
+
 // The j-th of n balanced pieces of [0, total): {start, length}.
 std::pair<int64_t, int64_t> piece(int64_t total, int64_t n, int64_t j) {
   return {local_start(total, n, j), local_length(total, n, j)};
@@ -358,7 +366,9 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
     Shape store_shape(d, 1);
     store_shape[d - 2] = M;
     const auto P_store = cartesian_of(workers_where(P_y, leading_zero), store_shape);
-    p_->broadcast_w = Broadcast(P_store, P_apply);
+    // With one data-parallel copy (D = 1) every worker is its own store:
+    // no broadcast, W is used where it lives (saves a copy of W_m per call).
+    if (volume(P_y.shape()) > M) p_->broadcast_w = Broadcast(P_store, P_apply);
   }
   const int axis = model_axis(P_x);
   p_->gather_x = AllGather(P_x, axis, axis);
@@ -409,8 +419,8 @@ torch::Tensor DistributedLinearAllGatherImpl::forward(const torch::Tensor& x) {
     W = p_->gather_w(weight_);
     if (l.bias) b = p_->gather_b(bias_);
   } else {
-    W = p_->broadcast_w(l.owns_weight ? weight_ : nothing(l.dtype));
-    if (l.bias) b = p_->broadcast_w(l.owns_bias ? bias_ : nothing(l.dtype));
+    W = share(p_->broadcast_w, weight_, l.owns_weight, l.dtype);
+    if (l.bias) b = share(p_->broadcast_w, bias_, l.owns_bias, l.dtype);
   }
   return at::linear(xg, W, b);
 }
@@ -486,7 +496,7 @@ DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero
     Shape store_shape(d, 1);
     store_shape[d - 1] = M;
     const auto P_store = cartesian_of(workers_where(P_x, leading_zero), store_shape);
-    p_->broadcast_w = Broadcast(P_store, P_x);
+    if (volume(P_x.shape()) > M) p_->broadcast_w = Broadcast(P_store, P_x);  // D > 1
   }
   const int axis = model_axis(P_y);
   p_->scatter_y = ReduceScatter(P_y, axis, axis);
@@ -533,14 +543,14 @@ torch::Tensor DistributedLinearReduceScatterImpl::forward(const torch::Tensor& x
   const int64_t m = p_->P_x.index()[d - 1];
   agree_on_input(check_x(x, true, d, local_length(l.in, M, m)));
   const at::Tensor W = p_->zero ? p_->gather_w(weight_)
-                                : p_->broadcast_w(l.owns_weight ? weight_ : nothing(l.dtype));
+                                : share(p_->broadcast_w, weight_, l.owns_weight, l.dtype);
   at::Tensor partial = at::linear(x, W);
   if (l.bias) {
     // b is split over the model-parallel workers (seed 002): worker m adds
     // its block into its slice of the output features, so the reduction
     // counts every entry of b once, whichever way y is then scattered.
     const at::Tensor bm = p_->zero ? p_->gather_b(bias_)
-                                   : p_->broadcast_w(l.owns_bias ? bias_ : nothing(l.dtype));
+                                   : share(p_->broadcast_w, bias_, l.owns_bias, l.dtype);
     const int64_t start = local_start(l.out, M, m);
     partial = partial + at::constant_pad_nd(bm, {start, l.out - start - bm.size(0)});
   }
