@@ -121,5 +121,7 @@ void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw)
 // The communicator's benchmarks' twins (communicator_bench.cpp), for the
 // JSON context.
 const std::map<std::string, std::string>& communicator_twins();
+// ... and the Linear layers' (linear_bench.cpp).
+const std::map<std::string, std::string>& linear_twins();
 
 }  // namespace partita::bench

@@ -335,6 +335,8 @@ int main(int argc, char** argv) {
   for (const auto& [name, twin] : kTwins) benchmark::AddCustomContext("twin:" + name, twin);
   for (const auto& [name, twin] : partita::bench::communicator_twins())
     benchmark::AddCustomContext("twin:" + name, twin);
+  for (const auto& [name, twin] : partita::bench::linear_twins())
+    benchmark::AddCustomContext("twin:" + name, twin);
   size_t ran = 0;
   if (world_rank() == 0) {
     ran = benchmark::RunSpecifiedBenchmarks();
