@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "partita/mpi/runtime.hpp"
@@ -35,7 +36,34 @@ namespace {
 struct Options {
   int64_t width = 1024, batch = 64;
   int layers = 8, microbatches = 8, steps = 20, warmup = 3;
+  long sleep_us = 0;  // > 0: layers that sleep instead of computing (below)
 };
+
+// With more stages than cores the stages' computations compete for the
+// cores and the measured bubble mixes the schedule with the sharing. A layer
+// that sleeps `us` per microbatch in its forward and twice that in its
+// backward (after multiplying by a weight of 1, so that its backward runs on
+// stage 0 too) takes no core: the pipeline then runs as on one core per stage, and
+// the bubble measured is the schedule's and the messages'.
+struct SleepFn : torch::autograd::Function<SleepFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t us) {
+    ctx->saved_data["us"] = us;
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    std::this_thread::sleep_for(std::chrono::microseconds(2 * ctx->saved_data["us"].toInt()));
+    return {g[0], at::Tensor()};
+  }
+};
+struct SleepLayerImpl : torch::nn::Module {
+  explicit SleepLayerImpl(int64_t us) : us(us), w(register_parameter("w", torch::ones({1}))) {}
+  at::Tensor forward(const at::Tensor& x) { return SleepFn::apply(x * w, us); }
+  int64_t us;
+  at::Tensor w;
+};
+TORCH_MODULE(SleepLayer);
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -48,6 +76,7 @@ Options parse(int argc, char** argv) {
     else if (k == "--microbatches") o.microbatches = static_cast<int>(v);
     else if (k == "--steps") o.steps = static_cast<int>(v);
     else if (k == "--warmup") o.warmup = static_cast<int>(v);
+    else if (k == "--sleep-us") o.sleep_us = v;
     else {
       std::fprintf(stderr, "bench_pipeline: unknown option %s\n", k.c_str());
       std::exit(2);
@@ -59,6 +88,10 @@ Options parse(int argc, char** argv) {
 torch::nn::Sequential mlp(const Options& o) {
   torch::manual_seed(3);
   torch::nn::Sequential seq;
+  if (o.sleep_us > 0) {
+    for (int i = 0; i < o.layers; ++i) seq->push_back(SleepLayer(o.sleep_us));
+    return seq;
+  }
   for (int i = 0; i < o.layers; ++i) {
     seq->push_back(torch::nn::Linear(o.width, o.width));
     if (i + 1 < o.layers) seq->push_back(torch::nn::GELU());
@@ -81,7 +114,13 @@ double one_process_step(const Options& o) {
   std::vector<double> t;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const double t0 = now();
-    torch::mse_loss(net->forward(x), y).backward();
+    if (o.sleep_us > 0)  // a sleeping layer's time is per microbatch: run them one after the other
+      for (int mb = 0; mb < o.microbatches; ++mb) {
+        const int64_t n = o.batch / o.microbatches;
+        torch::mse_loss(net->forward(x.narrow(0, mb * n, n)), y.narrow(0, mb * n, n)).backward();
+      }
+    else
+      torch::mse_loss(net->forward(x), y).backward();
     const double dt = now() - t0;
     opt.step();
     opt.zero_grad();
@@ -155,8 +194,10 @@ int main(int argc, char** argv) {
   smp::barrier();
   const double theory = double(p - 1) / (o.microbatches + p - 1);
   if (mpi::world_rank() == 0)
-    std::printf("pipeline step: MLP %d x %ld wide (GELU between), batch %ld, %d microbatches, %d stages, float32; "
+    std::printf("pipeline step: %s %d x %ld wide, batch %ld, %d microbatches, %d stages, float32; "
                 "medians of %d steps after %d warm-up\none process, whole model: %.2f ms\n",
+                o.sleep_us > 0 ? ("layers sleeping " + std::to_string(o.sleep_us) + " us forward, twice backward, per microbatch:").c_str()
+                               : "MLP (GELU between)",
                 o.layers, static_cast<long>(o.width), static_cast<long>(o.batch), o.microbatches, p, o.steps,
                 o.warmup, single * 1e3);
   for (const char* pipeline : {"simple", "interleaved"}) {

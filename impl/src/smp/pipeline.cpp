@@ -24,7 +24,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -164,6 +166,28 @@ bool depends_on(const at::Tensor& t, const torch::autograd::Node* target, const 
   return false;
 }
 
+// Waits until `ready()` under partita's deadline and watchdog. A stage
+// waiting for its neighbour often waits for a whole forward or backward of
+// it; when ranks outnumber cores (the yield policy) a waiting rank that only
+// yields still takes a good share of the core its neighbour computes on, so
+// after a short while it sleeps between tests (20 us, growing to 200 us).
+void wait_for_neighbour(const std::function<bool()>& ready, const std::string& what) {
+  const bool sleepy = mpi::wait_policy() == mpi::WaitPolicy::Yield;
+  int polls = 0;
+  long nap = 20000;  // ns
+  mpi::wait_until(
+      [&] {
+        if (ready()) return true;
+        if (sleepy && ++polls > 64) {
+          const timespec t{0, nap};
+          nanosleep(&t, nullptr);
+          nap = std::min(nap * 2, 200000L);
+        }
+        return false;
+      },
+      what.c_str());
+}
+
 MPI_Datatype grad_datatype(at::ScalarType t) {
   switch (t) {
     case at::kDouble: return MPI_DOUBLE;
@@ -179,7 +203,7 @@ MPI_Datatype grad_datatype(at::ScalarType t) {
 
 // --- the model ------------------------------------------------------------------
 
-struct DistributedModel::Impl {
+struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::Impl> {
   torch::nn::Sequential seq;
   std::vector<torch::nn::AnyModule> layers;  // this stage's
   std::vector<int> bounds;
@@ -197,11 +221,13 @@ struct DistributedModel::Impl {
     at::Tensor target_tensor;    // the output (or stand-in) returned to the step
     std::shared_ptr<torch::autograd::Node> target;  // its node in the graph
     int64_t bytes = 0;
+    Clock::time_point input_grad_at{};  // when the backward reached this stage's input
   };
   std::vector<Mb> mbs;
   std::deque<std::vector<int64_t>> sent_buffers;  // headers and shapes in flight
   std::vector<MPI_Request> sent_requests;
   bool training = false;
+  long steps_begun = 0;
   PipelineStats stats;
   Clock::time_point step_start;
   bool step_started = false;
@@ -217,6 +243,7 @@ struct DistributedModel::Impl {
   }
 
   void begin_step(const StepState& st) {
+    ++steps_begun;
     const int n = st.microbatches;
     mbs.assign(n, Mb{});
     training = false;
@@ -276,7 +303,13 @@ struct DistributedModel::Impl {
     MPI_Request r;
     PARTITA_MPI_CHECK(MPI_Irecv(h.data(), kHeaderWords, MPI_INT64_T, stage - 1, kHeaderTag, raw, &r));
     const std::string what = where(mb) + ": receiving the activation from stage " + std::to_string(stage - 1);
-    mpi::wait(r, what.c_str());
+    wait_for_neighbour(
+        [&r] {
+          int done = 0;
+          PARTITA_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+          return done != 0;
+        },
+        what);
     if (h[0] != kMagic) throw UsageError(what + ": not a pipeline header");
     if (h[1] != 0)
       throw UsageError(what + ": stage " + std::to_string(stage - 1) +
@@ -318,6 +351,16 @@ struct DistributedModel::Impl {
     const auto t0 = Clock::now();
     at::Tensor h = first() ? x : receive(mb, x);
     const auto t1 = Clock::now();
+    if (!first() && h.requires_grad()) {
+      // When the gradient of the received activation is ready, the stage's
+      // work for this backward is done; what follows is sending it back,
+      // which waits for the previous stage to receive (rendezvous).
+      h.register_hook([self = weak_from_this(), step = steps_begun, mb](const at::Tensor& g) {
+        if (auto m = self.lock(); m && m->steps_begun == step && mb < static_cast<int>(m->mbs.size()))
+          m->mbs[mb].input_grad_at = Clock::now();
+        return g;
+      });
+    }
     stats.wait_seconds += std::chrono::duration<double>(t1 - t0).count();
     int64_t bytes = 0;
     for (auto& layer : layers) {
@@ -386,28 +429,36 @@ struct DistributedModel::Impl {
                                    "microbatch 0)");
     touch();
     if (training) {
+      // The work ends when the gradient reaches the stage's input (stage 0:
+      // when backward returns); sending it back is waiting.
+      auto account = [&](Clock::time_point start) {
+        const auto end = Clock::now();
+        const auto work_end = first() || m.input_grad_at == Clock::time_point{} ? end : m.input_grad_at;
+        stats.busy_seconds += std::chrono::duration<double>(work_end - start).count();
+        stats.wait_seconds += std::chrono::duration<double>(end - work_end).count();
+      };
       if (last()) {
         const auto t = Clock::now();
         torch::autograd::backward({m.loss});
-        stats.busy_seconds += seconds_since(t);
+        account(t);
       } else {
         // Wait for the next stage's gradient first, so that the time spent
         // waiting is not counted as work.
         const auto t0 = Clock::now();
         const int tag = kActTag + comm.max_tag();
         const int peer = stage + 1;
-        mpi::wait_until(
+        wait_for_neighbour(
             [&] {
               int flag = 0;
               PARTITA_MPI_CHECK(MPI_Iprobe(peer, tag, raw, &flag, MPI_STATUS_IGNORE));
               return flag != 0;
             },
-            (where(mb) + ": waiting for the gradient from stage " + std::to_string(peer)).c_str());
+            where(mb) + ": waiting for the gradient from stage " + std::to_string(peer));
         const auto t1 = Clock::now();
         stats.wait_seconds += std::chrono::duration<double>(t1 - t0).count();
         at::Tensor sent = comm.wait(m.send);
         torch::autograd::backward({sent}, {at::zeros_like(sent)});
-        stats.busy_seconds += seconds_since(t1);
+        account(t1);
       }
       ++stats.backwards;
     } else if (!last()) {

@@ -74,7 +74,8 @@ struct PipelineStats {
   int64_t live_bytes = 0;
   int64_t peak_bytes = 0;
   double busy_seconds = 0;  // in this stage's layers, forward and backward
-  double wait_seconds = 0;  // waiting for an activation or a gradient
+  double wait_seconds = 0;  // waiting for an activation or a gradient, or for
+                            // the previous stage to take the gradient sent back
   double step_seconds = 0;  // first action to last action of the schedule
   int forwards = 0, backwards = 0;
 };
