@@ -263,3 +263,43 @@ TEST(PipelineErrors, MisuseInsideTheStep) {
 
 }  // namespace
 }  // namespace partita::spec
+
+namespace partita::spec {
+namespace {
+
+// The second line of defence: the stages agree on the step's arguments, but
+// a stage runs the model on an input of another shape. The stage after
+// stage 0 finds it in the header and raises; the stages after it learn from
+// the "failed" header and raise; stage 0, waiting for the last stage, ends
+// at its deadline (docs/pipeline.md: never a hang, a clear message only
+// downstream).
+TEST(PipelineErrors, ModelInputOfAnotherShapeOnOneStage) {
+  const int n = mpi::world_size();
+  if (n == 1) GTEST_SKIP() << "needs 2+ ranks";
+  init(n, "simple");
+  smp::DistributedModel model(testing::build_model(mlp()));
+  smp::StepOptions o;
+  o.microbatches = 2;
+  auto train = smp::step(
+      [&](at::Tensor x, at::Tensor y) {
+        const at::Tensor in = smp::mp_rank() == 1 ? x.narrow(0, 0, 1) : x;  // stage 1 drops a row
+        at::Tensor loss = torch::mse_loss(model(in), y);
+        model.backward(loss);
+        return loss;
+      },
+      o);
+  const at::Tensor x = torch::randn({4, 6}, torch::kDouble), y = torch::randn({4, 4}, torch::kDouble);
+  const int s = smp::mp_rank();
+  if (s == 0) {
+    EXPECT_CONTAINS(raised<DeadlineError>([&] { train(x, y); }), "receiving the output's shape from the last stage");
+  } else if (s == 1) {
+    EXPECT_CONTAINS(raised<smp::UsageError>([&] { train(x, y); }),
+                    "mismatched microbatch shapes: stage 0 ran the model on an input of shape [2, 6], this "
+                    "stage was given [1, 6]");
+  } else {
+    EXPECT_CONTAINS(raised<smp::UsageError>([&] { train(x, y); }), "failed in its forward");
+  }
+}
+
+}  // namespace
+}  // namespace partita::spec

@@ -296,20 +296,26 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
            ", microbatch " + std::to_string(mb);
   }
 
+  // A small message from a neighbour: probed for first (so that a wait
+  // ending at the deadline leaves no receive posted), then received.
+  std::vector<int64_t> receive_words(int count, int source, int tag, const std::string& what) {
+    wait_for_neighbour(
+        [&] {
+          int flag = 0;
+          PARTITA_MPI_CHECK(MPI_Iprobe(source, tag, raw, &flag, MPI_STATUS_IGNORE));
+          return flag != 0;
+        },
+        what);
+    std::vector<int64_t> words(count, 0);
+    PARTITA_MPI_CHECK(MPI_Recv(words.data(), count, MPI_INT64_T, source, tag, raw, MPI_STATUS_IGNORE));
+    return words;
+  }
+
   // Stages after the first: the header and the activation from the previous
   // stage, checked against what this stage expects.
   at::Tensor receive(int mb, const at::Tensor& x) {
-    std::vector<int64_t> h(kHeaderWords, 0);
-    MPI_Request r;
-    PARTITA_MPI_CHECK(MPI_Irecv(h.data(), kHeaderWords, MPI_INT64_T, stage - 1, kHeaderTag, raw, &r));
     const std::string what = where(mb) + ": receiving the activation from stage " + std::to_string(stage - 1);
-    wait_for_neighbour(
-        [&r] {
-          int done = 0;
-          PARTITA_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
-          return done != 0;
-        },
-        what);
+    std::vector<int64_t> h = receive_words(kHeaderWords, stage - 1, kHeaderTag, what);
     if (h[0] != kMagic) throw UsageError(what + ": not a pipeline header");
     if (h[1] != 0)
       throw UsageError(what + ": stage " + std::to_string(stage - 1) +
@@ -334,12 +340,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     const auto key = key_of(x);
     auto it = out_shapes.find(key);
     if (it != out_shapes.end()) return it->second;
-    std::vector<int64_t> words(2 + kMaxDims, 0);
-    MPI_Request r;
-    PARTITA_MPI_CHECK(MPI_Irecv(words.data(), static_cast<int>(words.size()), MPI_INT64_T, stages - 1, kShapeTag,
-                                raw, &r));
-    const std::string what = where(mb) + ": receiving the output's shape from the last stage";
-    mpi::wait(r, what.c_str());
+    std::vector<int64_t> words = receive_words(2 + kMaxDims, stages - 1, kShapeTag,
+                                               where(mb) + ": receiving the output's shape from the last stage");
     words.resize(2 + words[1]);
     out_shapes.emplace(key, words);
     return words;
