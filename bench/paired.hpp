@@ -6,6 +6,7 @@
 
 #include <benchmark/benchmark.h>
 #include <mpi.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -55,6 +56,12 @@ inline double vm_status_mib(const char* key) {
 }
 inline void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
+inline long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
 inline double planted_slowdown() {
   static const double f = [] {
     const char* v = std::getenv("PARTITA_BENCH_PLANT_SLOWDOWN");
@@ -77,9 +84,13 @@ template <typename Ours, typename Raw>
 void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw) {
   std::vector<double> t_ours, t_raw;
   bool raw_first = true;
+  long faults = 0, calls = 0;  // minor page faults in partita's calls
   auto ours = [&] {
+    const long f0 = minor_faults();
     const auto t0 = std::chrono::steady_clock::now();
     ours_call();
+    faults += minor_faults() - f0;
+    ++calls;
     if (planted_slowdown() > 0) {
       const auto until = t0 + (std::chrono::steady_clock::now() - t0) * (1 + planted_slowdown());
       while (std::chrono::steady_clock::now() < until) {
@@ -108,6 +119,11 @@ void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw)
   state.counters["mpi_us"] = m_raw;
   state.counters["ratio"] = m_raw > 0 ? m_ours / m_raw : 0;
   state.counters["ranks"] = world_size();
+  // Page faults per call (the most of any rank): fresh output storage shows
+  // here, whatever the machine's load (docs/mpi-runtime.md, buffer cache).
+  double per_call = calls ? static_cast<double>(faults) / calls : 0, most = 0;
+  MPI_Allreduce(&per_call, &most, 1, MPI_DOUBLE, MPI_MAX, world_comm());
+  state.counters["faults_per_call"] = most;
   // Peak resident memory over the benchmark, the largest and smallest over
   // the ranks, and the largest growth over the memory held before it.
   double mine[3] = {vm_status_mib("VmHWM:"), -vm_status_mib("VmHWM:"), 0}, all[3];

@@ -1,4 +1,5 @@
 #include "partita/mpi/runtime.hpp"
+#include "partita/mpi/buffer_cache.hpp"
 
 #include <sched.h>
 
@@ -66,6 +67,7 @@ Environment::Environment(int* argc, char*** argv) {
   g_policy = policy_from_environment();
   if (const char* t = std::getenv("PARTITA_WAIT_TIMEOUT")) g_timeout = std::atof(t);
   if (const char* t = std::getenv("PARTITA_DEADLINE")) g_deadline = scaled_for_ranks(std::atof(t));
+  buffer_cache_from_environment();
 }
 
 Environment::~Environment() {

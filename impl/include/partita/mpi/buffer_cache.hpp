@@ -1,0 +1,40 @@
+// Reuse of large CPU buffers (docs/mpi-runtime.md, "Buffer cache").
+//
+// Every partita call returns new tensors, and LibTorch's CPU allocator takes
+// large blocks from glibc, which maps blocks above its threshold (at most
+// 32 MiB, whatever the tunables) freshly each time: a call on 64 MiB then
+// pays ~16k page faults and the zeroing of every page, which a hand-written
+// MPI loop on preallocated buffers does not. The buffer cache is a CPU
+// allocator for LibTorch that keeps freed blocks of at least `min_bytes` (up
+// to `capacity_bytes` in all) and hands them out again for the same rounded
+// size. Opt-in: PARTITA_BUFFER_CACHE_MIB=N at start-up (read by
+// partita::mpi::Environment), or enable_buffer_cache().
+//
+// Reused memory is not zeroed: code that reads an at::empty tensor before
+// writing it sees old data instead of the fresh pages' zeros (ctest runs the
+// primitive properties with the cache on for that reason).
+#pragma once
+
+#include <cstddef>
+
+namespace partita::mpi {
+
+struct BufferCacheStats {
+  bool enabled = false;
+  size_t capacity_bytes = 0, min_bytes = 0;
+  size_t cached_bytes = 0;  // held for reuse now
+  long hits = 0, misses = 0;  // large allocations served from the cache / not
+};
+
+// Installs the cache as LibTorch's CPU allocator (or changes its limits when
+// it is installed). Tensors allocated before keep their own deleters.
+// capacity 0 turns reuse off (held blocks are freed; the allocator stays).
+void enable_buffer_cache(size_t capacity_bytes, size_t min_bytes = size_t{1} << 20);
+BufferCacheStats buffer_cache_stats();
+
+// PARTITA_BUFFER_CACHE_MIB=N (N > 0): enable_buffer_cache(N MiB), blocks of
+// at least PARTITA_BUFFER_CACHE_MIN_KIB (default 1024) KiB. Called by
+// Environment; throws partita::Error on a value that is not a number.
+void buffer_cache_from_environment();
+
+}  // namespace partita::mpi
