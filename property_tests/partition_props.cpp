@@ -40,6 +40,7 @@ void same_view(Verdict& v, const std::string& what, const mpi::Partition& m,
   v.expect(m.rank() == r.rank(me), what + ": rank " + std::to_string(m.rank()) +
                                        " != reference " + std::to_string(r.rank(me)));
   v.expect(m.size() == r.size(), what + ": size differs");
+  v.expect(m.cartesian() == r.cartesian(), what + ": Cartesian on one side only");
   v.expect(m.index() == r.index(me),
            what + ": index " + str(m.index()) + " != reference " + str(r.index(me)));
   if (m.active()) {
@@ -53,24 +54,26 @@ void same_view(Verdict& v, const std::string& what, const mpi::Partition& m,
   }
 }
 
-// Runs `mpi_op` and `ref_op`; both must throw PartitionError or neither.
-// Returns true when both succeeded.
+// Runs `mpi_op` and `ref_op`; both must throw PartitionError naming the same
+// rule (issue 9), or neither. Returns true when both succeeded.
 template <typename M, typename R>
 bool both_or_neither(Verdict& v, const std::string& what, M&& mpi_op, R&& ref_op) {
-  std::string merr, rerr;
+  std::string merr, rerr, mrule, rrule;
   try {
     mpi_op();
   } catch (const PartitionError& e) {
     merr = e.what();
+    mrule = e.rule();
   }
   try {
     ref_op();
   } catch (const PartitionError& e) {
     rerr = e.what();
+    rrule = e.rule();
   }
-  v.expect(merr.empty() == rerr.empty(),
-           what + ": MPI " + (merr.empty() ? "succeeded" : "threw '" + merr + "'") +
-               ", reference " + (rerr.empty() ? "succeeded" : "threw '" + rerr + "'"));
+  v.expect(merr.empty() == rerr.empty() && mrule == rrule && (merr.empty() || !mrule.empty()),
+           what + ": MPI " + (merr.empty() ? "succeeded" : "threw [" + mrule + "] '" + merr + "'") +
+               ", reference " + (rerr.empty() ? "succeeded" : "threw [" + rrule + "] '" + rerr + "'"));
   return merr.empty() && rerr.empty();
 }
 
@@ -137,7 +140,24 @@ TEST(PartitionProperty, CartesianStructureMatchesReference) {
         same_view(v, "subtopology", b.py.create_cartesian_subtopology_partition(c.remain),
                   b.ry.active(me) ? b.ry.create_cartesian_subtopology_partition(c.remain).of(me)
                                   : ref::Partition());
-        const auto again = mpi::Partition::world().create_partition_inclusive(c.px_ranks);
+        // The same team without topology answers as a 1-D Cartesian
+        // partition (seed 000): shape {size}, index {rank}, neighbours,
+        // and the two sub-topologies a 1-D grid has.
+        const auto flat = mpi::Partition::world().create_partition_inclusive(c.px_ranks);
+        const auto rflat = ref::Partition::world(c.world).create_partition_inclusive(c.px_ranks);
+        same_view(v, "unstructured P_x", flat, rflat);
+        for (int r = 0; r < flat.size(); ++r) {
+          v.expect(flat.cartesian_index(r) == rflat.cartesian_index(r),
+                   "unstructured cartesian_index(" + std::to_string(r) + ")");
+          v.expect(flat.neighbor_ranks(r) == rflat.neighbor_ranks(r),
+                   "unstructured neighbor_ranks(" + std::to_string(r) + ")");
+        }
+        for (bool keep : {true, false})
+          same_view(v, keep ? "unstructured subtopology {true}" : "unstructured subtopology {false}",
+                    flat.create_cartesian_subtopology_partition({keep}),
+                    rflat.active(me) ? rflat.create_cartesian_subtopology_partition({keep}).of(me)
+                                     : ref::Partition());
+        const auto& again = flat;
         v.expect((again == b.px) == (b.rx.create_cartesian_topology_partition({b.rx.size()}) ==
                                      ref::Partition::world(c.world).create_partition_inclusive(c.px_ranks)) &&
                      (b.px == b.py) == (b.rx == b.ry),

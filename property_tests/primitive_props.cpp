@@ -21,8 +21,10 @@
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/all_gather.hpp"
 #include "partita/nn/broadcast.hpp"
+#include "partita/nn/repartition.hpp"
 #include "partita/nn/sum_reduce.hpp"
 #include "partita/tensor_rules.hpp"
+#include "partita/tiling.hpp"
 #include "partition_cases.hpp"
 
 namespace partita::testing {
@@ -136,14 +138,40 @@ TEST(LinearProperty, ReduceScatter) { check_primitive("linear_reduce_scatter"); 
 TEST(LinearProperty, AllGatherZero) { check_primitive("linear_all_gather_zero"); }
 TEST(LinearProperty, ReduceScatterZero) { check_primitive("linear_reduce_scatter_zero"); }
 
+// A repartition case's drawn (uneven) tiling made balanced: the same
+// global shape, every P_x worker holding its balanced piece. The reverse
+// layer's output is always the balanced tiling over its P_y, so only then
+// can it equal the forward's backward, which has the input's shapes.
+bool balance_tiling(Case& c) {  // true when a piece changed
+  if (c.local_shapes.empty()) return false;
+  const auto drawn = c.local_shapes;
+  const size_t d = c.local_shapes.begin()->second.size();
+  const Shape grid = padded_shape(c.P_x.shape, d);
+  std::vector<Index> at;
+  for (size_t r = 0; r < c.P_x.ranks.size(); ++r) at.push_back(unravel(static_cast<int64_t>(r), grid));
+  // Along k, the slabs' extents read off the workers at index 0 elsewhere.
+  Shape global(d, 0);
+  for (size_t k = 0; k < d; ++k)
+    for (size_t r = 0; r < at.size(); ++r) {
+      bool on_axis = true;
+      for (size_t e = 0; e < d; ++e) on_axis = on_axis && (e == k || at[r][e] == 0);
+      if (on_axis) global[k] += c.local_shapes.at(c.P_x.ranks[r]).at(k);
+    }
+  for (size_t r = 0; r < at.size(); ++r)
+    for (size_t k = 0; k < d; ++k)
+      c.local_shapes[c.P_x.ranks[r]][k] = local_length(global[k], grid[k], at[r][k]);
+  return c.local_shapes != drawn;
+}
+
 // Issue 9 B6: a second adjoint check that does not go through the
 // reference. Broadcast's backward is SumReduce's forward on the mirrored
 // partitions, AllGather's backward is ReduceScatter's forward on the same
-// teams (when the gathered pieces are the balanced split): the same integer
-// cotangents through both must give bit-identical tensors.
+// teams (when the gathered pieces are the balanced split), Repartition's
+// backward is the reverse Repartition's forward (on balanced tilings): the
+// same integer cotangents through both must give bit-identical tensors.
 void check_adjoint_pair(const std::string& primitive) {
   torch::set_num_threads(1);
-  int compared = 0;
+  int compared = 0, with_data = 0, rebalanced = 0;
   const bool ok = check_lockstep<Case>(
       primitive + "'s backward is its pair's forward",
       gen_primitive_case(mpi::world_size(), {primitive}), [&](const Case& drawn, Verdict& v) {
@@ -156,6 +184,7 @@ void check_adjoint_pair(const std::string& primitive) {
         };
         const int me = mpi::world_rank();
         const bool gather_pair = c.primitive == "all_gather";
+        if (c.primitive == "repartition" && balance_tiling(c)) ++rebalanced;
         if (gather_pair && (!c.local_shapes.empty() ||
                             (c.distdl && !c.distdl->scale_backward.empty())))
           return;  // uneven pieces or a scaled backward: not the plain pair
@@ -167,6 +196,12 @@ void check_adjoint_pair(const std::string& primitive) {
             nn::AllGather f = c.distdl ? nn::AllGather(px, *c.distdl) : nn::AllGather(px, c.axis, c.dim);
             nn::ReduceScatter g =
                 c.distdl ? nn::ReduceScatter(px, *c.distdl) : nn::ReduceScatter(px, c.axis, c.dim);
+            y = f(x);
+            pair = [g](const at::Tensor& t) mutable { return g(t); };
+          } else if (c.primitive == "repartition") {
+            const auto py = part(*c.P_y);
+            nn::Repartition f(px, py);
+            nn::Repartition g(py, px);
             y = f(x);
             pair = [g](const at::Tensor& t) mutable { return g(t); };
           } else {
@@ -190,6 +225,7 @@ void check_adjoint_pair(const std::string& primitive) {
           v.expect(dx.numel() == 0 && z.numel() == 0, "outside P_x: a non-empty result");
           return;
         }
+        ++with_data;
         const bool same = dx.sizes() == z.sizes() && dx.scalar_type() == z.scalar_type() &&
                           std::memcmp(dx.contiguous().data_ptr(), z.contiguous().data_ptr(),
                                       dx.numel() * dx.element_size()) == 0;
@@ -197,13 +233,16 @@ void check_adjoint_pair(const std::string& primitive) {
         if (!same) os << "backward " << dx.sizes() << " != pair's forward " << z.sizes() << "\n" << dx << "\n" << z;
         v.expect(same, os.str());
       });
-  if (mpi::world_rank() == 0) std::cout << "  pairs compared: " << compared << std::endl;
+  if (mpi::world_rank() == 0)
+    std::cout << "  pairs compared: " << compared << " (with data on rank 0: " << with_data
+              << "; drawn tilings rebalanced: " << rebalanced << ")" << std::endl;
   EXPECT_TRUE(ok);
   EXPECT_GT(compared, 0) << "no case was compared";
 }
 
 TEST(AdjointPair, BroadcastBackwardIsSumReduce) { check_adjoint_pair("broadcast"); }
 TEST(AdjointPair, AllGatherBackwardIsReduceScatter) { check_adjoint_pair("all_gather"); }
+TEST(AdjointPair, RepartitionBackwardIsTheReverseRepartition) { check_adjoint_pair("repartition"); }
 
 }  // namespace
 }  // namespace partita::testing

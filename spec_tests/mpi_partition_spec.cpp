@@ -180,11 +180,12 @@ INSTANTIATE_TEST_SUITE_P(Issue9, TransposedPairingSpec, ::testing::ValuesIn(kTra
 
 TEST(MpiPartition, BadArgumentsThrowOnEveryRank) {
   // A shape that does not fit: local check, every rank throws.
+  // Each error names its rule (issue 9), the same on every rank.
   bool threw = false;
   try {
     Partition::world().create_cartesian_topology_partition({mpi::world_size() + 1});
-  } catch (const PartitionError&) {
-    threw = true;
+  } catch (const PartitionError& e) {
+    threw = e.rule() == rule_code::kShapeVolume;
   }
   EXPECT_TRUE(agreed(threw));
   // Ranks passing different arguments to a collective: every rank throws.
@@ -193,12 +194,56 @@ TEST(MpiPartition, BadArgumentsThrowOnEveryRank) {
     try {
       Partition::world().create_partition_inclusive({mpi::world_rank() == 0 ? 0 : 1});
     } catch (const PartitionError& e) {
-      threw = std::string(e.what()).find("different arguments") != std::string::npos;
+      threw = std::string(e.what()).find("different arguments") != std::string::npos &&
+              e.rule() == rule_code::kArgumentsDiffer;
     }
     EXPECT_TRUE(agreed(threw));
   }
+  // A rule broken on every rank: its code travels through the agreement.
+  threw = false;
+  try {
+    cartesian({0}, {1, 1}).create_broadcast_partition_to(Partition::world(), false, false);
+  } catch (const PartitionError& e) {
+    threw = e.rule() == rule_code::kBroadcastDims;
+  }
+  EXPECT_TRUE(agreed(threw));
   // The world communicator still works afterwards.
   EXPECT_TRUE(agreed(true));
+}
+
+// Seed 000: a partition without topology is treated as a 1-D Cartesian
+// one (shape {size}, index {rank}); partita answers every Cartesian query
+// for it that way. Any world size.
+TEST(MpiPartition, UnstructuredAnswersAsOneDimensional) {
+  const int n = mpi::world_size(), me = mpi::world_rank();
+  Ranks reversed;
+  for (int r = n - 1; r >= 0; --r) reversed.push_back(r);
+  const Partition p = Partition::world().create_partition_inclusive(reversed);
+  const int mine = n - 1 - me;  // this worker's rank in p
+  bool ok = !p.cartesian() && p.shape() == Shape{n} && p.rank() == mine && p.index() == Index{mine};
+  for (int r = 0; r < n; ++r) {
+    ok = ok && p.cartesian_index(r) == Index{r};
+    const auto nb = p.neighbor_ranks(r);
+    ok = ok && nb.size() == 1 && nb[0] == std::make_pair(r > 0 ? r - 1 : -1, r + 1 < n ? r + 1 : -1);
+  }
+  const auto whole = p.create_cartesian_subtopology_partition({true});
+  ok = ok && whole.cartesian() && whole.workers() == reversed && whole.shape() == Shape{n} &&
+       whole.index() == Index{mine};
+  const auto alone = p.create_cartesian_subtopology_partition({false});
+  ok = ok && alone.workers() == Ranks{me} && alone.shape() == Shape{1} && alone.rank() == 0;
+  // A worker outside: index {-1}, no sub-topology, no communication.
+  const Partition first = Partition::world().create_partition_inclusive({0});
+  ok = ok && first.index() == Index{me == 0 ? 0 : -1} &&
+       first.create_cartesian_subtopology_partition({true}).is_null() == (me != 0);
+  // One flag per dimension, and a 1-D partition has one.
+  std::string rule;
+  try {
+    p.create_cartesian_subtopology_partition({true, true});
+  } catch (const PartitionError& e) {
+    rule = e.rule();
+  }
+  ok = ok && rule == rule_code::kAxisRange;
+  EXPECT_TRUE(agreed(ok));
 }
 
 }  // namespace

@@ -145,6 +145,34 @@ TEST(ReferencePartition, CartesianIndexAndNeighbours) {
   EXPECT_THROW(p.cartesian_index(12), PartitionError);
 }
 
+// Seed 000: a partition without topology answers as a 1-D Cartesian one.
+TEST(ReferencePartition, UnstructuredAnswersAsOneDimensional) {
+  const auto a = Partition::world(6).create_partition_inclusive({4, 1, 2});
+  EXPECT_FALSE(a.cartesian());
+  EXPECT_EQ(a.shape(), (Shape{3}));
+  EXPECT_EQ(a.index(1), (Index{1}));
+  EXPECT_EQ(a.index(0), (Index{-1}));
+  EXPECT_EQ(a.cartesian_index(2), (Index{2}));
+  EXPECT_EQ(a.neighbor_ranks(0), (std::vector<std::pair<int, int>>{{-1, 1}}));
+  EXPECT_EQ(a.neighbor_ranks(1), (std::vector<std::pair<int, int>>{{0, 2}}));
+  EXPECT_EQ(a.neighbor_ranks(2), (std::vector<std::pair<int, int>>{{1, -1}}));
+  const auto whole = a.create_cartesian_subtopology_partition({true});
+  ASSERT_EQ(whole.parts.size(), 1u);
+  EXPECT_EQ(whole.parts[0].workers(), (Ranks{4, 1, 2}));
+  EXPECT_EQ(whole.parts[0].shape(), (Shape{3}));
+  EXPECT_TRUE(whole.parts[0].cartesian());
+  const auto alone = a.create_cartesian_subtopology_partition({false});
+  ASSERT_EQ(alone.parts.size(), 3u);
+  EXPECT_EQ(alone.of(1).workers(), (Ranks{1}));
+  EXPECT_EQ(alone.of(1).shape(), (Shape{1}));
+  try {
+    a.create_cartesian_subtopology_partition({true, false});
+    ADD_FAILURE() << "two flags for a 1-D partition";
+  } catch (const PartitionError& e) {
+    EXPECT_EQ(e.rule(), rule_code::kAxisRange);
+  }
+}
+
 TEST(ReferencePartition, UnionInclusiveAndEquality) {
   const auto w = Partition::world(6);
   const auto a = w.create_partition_inclusive({4, 1, 2});

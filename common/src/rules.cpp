@@ -25,7 +25,8 @@ void check_compatible(const std::string& what, const Shape& px, const Shape& py,
   };
   if (small.size() > big.size())
     throw PartitionError(describe() + " break the " + what + " rules: dim(" +
-                         small_name + ") must not exceed the other's");
+                         small_name + ") must not exceed the other's",
+                         what == "broadcast" ? rule_code::kBroadcastDims : rule_code::kReductionDims);
   const Shape s = padded_shape(small, big.size());
   for (size_t d = 0; d < big.size(); ++d) {
     if (s[d] != 1 && s[d] != big[d])
@@ -33,7 +34,8 @@ void check_compatible(const std::string& what, const Shape& px, const Shape& py,
                            " rules: effective shapes " + shape_string(s) +
                            " and " + shape_string(big) + " differ in dimension " +
                            std::to_string(d) + " where " + small_name +
-                           " is not 1");
+                           " is not 1",
+                           what == "broadcast" ? rule_code::kBroadcastShape : rule_code::kReductionShape);
   }
 }
 

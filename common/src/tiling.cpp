@@ -32,12 +32,15 @@ Tiling tile(const std::string& what, const Shape& grid, const std::vector<Shape>
   t.extent.resize(d);
   t.offset.resize(d);
   for (size_t k = 0; k < d; ++k) t.extent[k].assign(grid[k], -1);
+  // Every piece's dimension count before any extent, so that a case
+  // breaking both rules names tiling.dims here as in the reference.
+  for (size_t r = 0; r < pieces.size(); ++r)
+    if (pieces[r].size() != d)
+      throw ShapeError(what + ": worker " + std::to_string(workers[r]) + " passed " +
+                       std::to_string(pieces[r].size()) + " dimensions where " +
+                       std::to_string(d) + " are expected", rule_code::kTilingDims);
   for (size_t r = 0; r < pieces.size(); ++r) {
     const Shape& p = pieces[r];
-    if (p.size() != d)
-      throw ShapeError(what + ": worker " + std::to_string(workers[r]) + " passed " +
-                       std::to_string(p.size()) + " dimensions where " + std::to_string(d) +
-                       " are expected");
     const Index ix = unravel(static_cast<int64_t>(r), grid);
     for (size_t k = 0; k < d; ++k) {
       int64_t& e = t.extent[k][ix[k]];
@@ -45,7 +48,7 @@ Tiling tile(const std::string& what, const Shape& grid, const std::vector<Shape>
         throw ShapeError(what + ": the inputs do not tile a tensor: worker " +
                          std::to_string(workers[r]) + " has extent " + std::to_string(p[k]) +
                          " in dimension " + std::to_string(k) + " where others of its slab have " +
-                         std::to_string(e));
+                         std::to_string(e), rule_code::kTilingUneven);
       e = p[k];
     }
   }
@@ -63,7 +66,8 @@ Tiling halo_tiling(const std::string& what, const Shape& grid, const std::vector
   const size_t d = grid.size();
   if (left.size() != d || right.size() != d)
     throw ShapeError(what + ": ghost widths [" + list_string(left) + "] and [" +
-                     list_string(right) + "] for a tensor of " + std::to_string(d) + " dimensions");
+                     list_string(right) + "] for a tensor of " + std::to_string(d) + " dimensions",
+                     rule_code::kHaloWidthCount);
   std::vector<Shape> bulks;
   for (size_t r = 0; r < windows.size(); ++r) {
     Shape b = windows[r];
@@ -73,7 +77,7 @@ Tiling halo_tiling(const std::string& what, const Shape& grid, const std::vector
         throw ShapeError(what + ": worker " + std::to_string(workers[r]) + " passed extent " +
                          std::to_string(windows[r][k]) + " in dimension " + std::to_string(k) +
                          ", too small for ghosts of widths " + std::to_string(left[k]) + " and " +
-                         std::to_string(right[k]));
+                         std::to_string(right[k]), rule_code::kHaloWindowSmall);
     }
     bulks.push_back(b);
   }
@@ -86,12 +90,12 @@ Tiling halo_tiling(const std::string& what, const Shape& grid, const std::vector
         throw ShapeError(what + ": ghosts of width " + std::to_string(right[k]) +
                          " in dimension " + std::to_string(k) + " are wider than slab " +
                          std::to_string(j) + "'s bulk of " + std::to_string(e) +
-                         " that fills its left neighbour's right ghost");
+                         " that fills its left neighbour's right ghost", rule_code::kHaloGhostWider);
       if (j + 1 < grid[k] && e < left[k])
         throw ShapeError(what + ": ghosts of width " + std::to_string(left[k]) +
                          " in dimension " + std::to_string(k) + " are wider than slab " +
                          std::to_string(j) + "'s bulk of " + std::to_string(e) +
-                         " that fills its right neighbour's left ghost");
+                         " that fills its right neighbour's left ghost", rule_code::kHaloGhostWider);
     }
   return t;
 }

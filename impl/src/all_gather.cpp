@@ -50,7 +50,8 @@ struct GatherLayer {
       if (dim >= headers[u].ndim)
         throw ShapeError(name + ": worker " + std::to_string(P_x.workers()[u]) +
                          " passed a tensor of " + std::to_string(headers[u].ndim) +
-                         " dimensions, which has no dimension " + std::to_string(dim));
+                         " dimensions, which has no dimension " + std::to_string(dim),
+                         rule_code::kMissingDim);
     for (const auto& g : groups) {
       for (size_t i = 1; i < g.size(); ++i) {
         Shape a = header_of(P_x, headers, g[0]).shape(), b = header_of(P_x, headers, g[i]).shape();
@@ -60,7 +61,8 @@ struct GatherLayer {
                            std::to_string(g[i]) + " of one team hold shapes [" +
                            list_string(header_of(P_x, headers, g[0]).shape()) + "] and [" +
                            list_string(header_of(P_x, headers, g[i]).shape()) + "]" +
-                           (gather ? " that differ outside dimension " + std::to_string(dim) : ""));
+                           (gather ? " that differ outside dimension " + std::to_string(dim) : ""),
+                           rule_code::kTeamShapes);
       }
     }
     // Extents along `dim`: the members' own (gather) or the balanced split.
@@ -96,7 +98,7 @@ std::shared_ptr<GatherLayer> make(bool gather, const mpi::Partition& P_x, int ax
   l->P_x = P_x;
   l->axis = axis;
   l->dim = dim;
-  if (dim < 0) throw PartitionError(l->name + ": negative tensor dimension");
+  if (dim < 0) throw PartitionError(l->name + ": negative tensor dimension", rule_code::kGatherNegativeDim);
   l->team = P_x.create_allreduction_partition({axis});
   l->groups = teams_along(P_x, {axis});
   return l;
@@ -107,17 +109,18 @@ std::vector<int> resolve(const char* layer, const char* axes_name, const mpi::Pa
                          const GatherAxes& a) {
   const std::string name = std::string(layer) + "(P_x " + P_x.describe() + ")";
   if (a.axes.has_value() == a.axes_keep.has_value())
-    throw PartitionError(name + ": give exactly one of " + axes_name + " and axes_keep");
+    throw PartitionError(name + ": give exactly one of " + axes_name + " and axes_keep",
+                         rule_code::kGatherAxesChoice);
   const int n = static_cast<int>(P_x.shape().size());
   auto check = [&](const std::vector<int>& dims, const char* what) {
     std::vector<bool> seen(n, false);
     for (int d : dims) {
       if (d < 0 || d >= n)
         throw PartitionError(name + ": " + what + " names dimension " + std::to_string(d) +
-                             ", P_x has " + std::to_string(n));
+                             ", P_x has " + std::to_string(n), rule_code::kGatherAxesRange);
       if (seen[d])
         throw PartitionError(name + ": " + what + " names dimension " + std::to_string(d) +
-                             " twice");
+                             " twice", rule_code::kGatherAxesRange);
       seen[d] = true;
     }
     return seen;
@@ -139,34 +142,56 @@ at::Tensor run(const std::vector<std::shared_ptr<const GatherLayer>>& layers, co
 
 }  // namespace detail
 
-AllGatherImpl::AllGatherImpl(const mpi::Partition& P_x, int axis, int64_t dim)
-    : layers_{detail::make(true, P_x, axis, dim)} {}
-AllGatherImpl::AllGatherImpl(const mpi::Partition& P_x, const GatherAxes& axes) {
+namespace functional {
+
+AllGatherPlan::AllGatherPlan(const mpi::Partition& P_x, int axis, int64_t dim)
+    : steps_{detail::make(true, P_x, axis, dim)} {}
+AllGatherPlan::AllGatherPlan(const mpi::Partition& P_x, const GatherAxes& axes) {
   for (int d : detail::resolve("AllGather", "axes_all_gather", P_x, axes))
-    layers_.push_back(detail::make(true, P_x, d, d));
+    steps_.push_back(detail::make(true, P_x, d, d));
   for (int d : axes.scale_backward) scale_backward_ *= static_cast<double>(P_x.shape()[d]);
 }
-torch::Tensor AllGatherImpl::forward(const torch::Tensor& x) {
-  const auto y = detail::run(layers_, x);
-  if (scale_backward_ == 1 || !y.requires_grad()) return y;
+at::Tensor all_gather(const at::Tensor& x, const AllGatherPlan& plan) {
+  const auto y = detail::run(plan.steps_, x);
+  if (plan.scale_backward_ == 1 || !y.requires_grad()) return y;
   // Backward divides the gradient arriving at y (a new tensor: the caller's
   // gradient is not modified) before the adjoint reduce-scatter sees it.
-  const double factor = scale_backward_;
+  const double factor = plan.scale_backward_;
   // (On a rank whose output does not reach the loss the gradient is
   // undefined: it passes on as it is, and the adjoint still runs.)
   y.register_hook([factor](const at::Tensor& g) { return g.defined() ? g / factor : g; });
   return y;
 }
 
-ReduceScatterImpl::ReduceScatterImpl(const mpi::Partition& P_x, int axis, int64_t dim)
-    : layers_{detail::make(false, P_x, axis, dim)} {}
-ReduceScatterImpl::ReduceScatterImpl(const mpi::Partition& P_x, const GatherAxes& axes) {
+ReduceScatterPlan::ReduceScatterPlan(const mpi::Partition& P_x, int axis, int64_t dim)
+    : steps_{detail::make(false, P_x, axis, dim)} {}
+ReduceScatterPlan::ReduceScatterPlan(const mpi::Partition& P_x, const GatherAxes& axes) {
   if (!axes.scale_backward.empty())
     throw PartitionError("ReduceScatter(P_x " + P_x.describe() +
-                         "): scale_backward is AllGather's parameter");
+                         "): scale_backward is AllGather's parameter", rule_code::kScaleBackward);
   for (int d : detail::resolve("ReduceScatter", "axes_reduce_scatter", P_x, axes))
-    layers_.push_back(detail::make(false, P_x, d, d));
+    steps_.push_back(detail::make(false, P_x, d, d));
 }
-torch::Tensor ReduceScatterImpl::forward(const torch::Tensor& x) { return detail::run(layers_, x); }
+at::Tensor reduce_scatter(const at::Tensor& x, const ReduceScatterPlan& plan) {
+  return detail::run(plan.steps_, x);
+}
+
+}  // namespace functional
+
+AllGatherImpl::AllGatherImpl(const mpi::Partition& P_x, int axis, int64_t dim)
+    : plan_(P_x, axis, dim) {}
+AllGatherImpl::AllGatherImpl(const mpi::Partition& P_x, const GatherAxes& axes)
+    : plan_(P_x, axes) {}
+torch::Tensor AllGatherImpl::forward(const torch::Tensor& x) {
+  return functional::all_gather(x, plan_);
+}
+
+ReduceScatterImpl::ReduceScatterImpl(const mpi::Partition& P_x, int axis, int64_t dim)
+    : plan_(P_x, axis, dim) {}
+ReduceScatterImpl::ReduceScatterImpl(const mpi::Partition& P_x, const GatherAxes& axes)
+    : plan_(P_x, axes) {}
+torch::Tensor ReduceScatterImpl::forward(const torch::Tensor& x) {
+  return functional::reduce_scatter(x, plan_);
+}
 
 }  // namespace partita::nn

@@ -38,7 +38,9 @@ struct AllSumReduceLayer {
 
 }  // namespace detail
 
-AllSumReduceImpl::AllSumReduceImpl(const mpi::Partition& P_x, std::vector<int> axes) {
+namespace functional {
+
+AllSumReducePlan::AllSumReducePlan(const mpi::Partition& P_x, std::vector<int> axes) {
   auto l = std::make_shared<detail::AllSumReduceLayer>();
   l->name = "AllSumReduce(P_x " + P_x.describe() + " over dimensions {" +
             list_string(Ranks(axes.begin(), axes.end())) + "})";
@@ -48,7 +50,17 @@ AllSumReduceImpl::AllSumReduceImpl(const mpi::Partition& P_x, std::vector<int> a
   layer_ = l;
 }
 
-torch::Tensor AllSumReduceImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
-const mpi::Partition& AllSumReduceImpl::team() const { return layer_->team; }
+const mpi::Partition& AllSumReducePlan::team() const { return layer_->team; }
+at::Tensor all_sum_reduce(const at::Tensor& x, const AllSumReducePlan& plan) {
+  return plan.layer_->forward(x);
+}
+
+}  // namespace functional
+
+AllSumReduceImpl::AllSumReduceImpl(const mpi::Partition& P_x, std::vector<int> axes)
+    : plan_(P_x, std::move(axes)) {}
+torch::Tensor AllSumReduceImpl::forward(const torch::Tensor& x) {
+  return functional::all_sum_reduce(x, plan_);
+}
 
 }  // namespace partita::nn

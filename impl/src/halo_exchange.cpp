@@ -38,7 +38,7 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     const size_t d = static_cast<size_t>(headers[0].ndim);
     if (d < P_x.shape().size())
       throw ShapeError(name + ": a tensor of " + std::to_string(d) +
-                       " dimensions cannot be split over P_x " + P_x.describe());
+                       " dimensions cannot be split over P_x " + P_x.describe(), rule_code::kTilingDims);
     const Shape grid = padded_shape(P_x.shape(), d);
     std::vector<Shape> windows;
     for (const auto& h : headers) windows.push_back(h.shape());
@@ -188,7 +188,9 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
 using mpi::detail::checked;
 using mpi::detail::Fingerprint;
 
-HaloExchangeImpl::HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape right) {
+namespace functional {
+
+HaloExchangePlan::HaloExchangePlan(const mpi::Partition& P_x, Shape left, Shape right) {
   auto l = std::make_shared<detail::HaloLayer>();
   l->name = "HaloExchange(P_x " + P_x.describe() + ", left [" + list_string(left) + "], right [" +
             list_string(right) + "])";
@@ -202,14 +204,25 @@ HaloExchangeImpl::HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape 
     f.add(l->right);
     checked(P_x.comm(), l->name.c_str(), f, [&] {
       if (l->left.size() != l->right.size())
-        throw PartitionError(l->name + ": left and right widths differ in length");
+        throw PartitionError(l->name + ": left and right widths differ in length",
+                             rule_code::kHaloWidths);
       for (size_t k = 0; k < l->left.size(); ++k)
-        if (l->left[k] < 0 || l->right[k] < 0) throw PartitionError(l->name + ": negative ghost width");
+        if (l->left[k] < 0 || l->right[k] < 0) throw PartitionError(l->name + ": negative ghost width", rule_code::kHaloWidths);
     }, "ghost widths");
   }
   layer_ = l;
 }
 
-torch::Tensor HaloExchangeImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
+at::Tensor halo_exchange(const at::Tensor& x, const HaloExchangePlan& plan) {
+  return plan.layer_->forward(x);
+}
+
+}  // namespace functional
+
+HaloExchangeImpl::HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape right)
+    : plan_(P_x, std::move(left), std::move(right)) {}
+torch::Tensor HaloExchangeImpl::forward(const torch::Tensor& x) {
+  return functional::halo_exchange(x, plan_);
+}
 
 }  // namespace partita::nn

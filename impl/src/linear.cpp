@@ -67,7 +67,7 @@ int model_axis(const mpi::Partition& P) {
 std::string describe(const mpi::Partition& P) { return P.is_null() ? "none" : P.describe(); }
 
 void require(bool ok, const std::string& name, const std::string& what) {
-  if (!ok) throw PartitionError(name + ": " + what);
+  if (!ok) throw PartitionError(name + ": " + what, rule_code::kLinearLayout);
 }
 
 // The constructor's checks run on every rank and their outcome is agreed
@@ -156,7 +156,8 @@ void DistributedLinearBase::agree_on_input(const std::string& local_error) const
   const auto all = P.allgather_data(local_error);
   for (size_t r = 0; r < all.size(); ++r)
     if (!all[r].empty())
-      throw ShapeError(layout_->name + ": worker " + std::to_string(P.workers()[r]) + " " + all[r]);
+      throw ShapeError(layout_->name + ": worker " + std::to_string(P.workers()[r]) + " " + all[r],
+                       rule_code::kLinearInput);
 }
 
 torch::nn::Linear DistributedLinearBase::gather_parameters() const {
@@ -207,7 +208,9 @@ void DistributedLinearBase::scatter_parameters(const torch::nn::Linear& global) 
             (global->options.bias() ? "on" : "off") + "), the layer is (" + std::to_string(l.in) + ", " +
             std::to_string(l.out) + ", bias " + (l.bias ? "on" : "off") + ")";
   if (!mpi::all_true(error.empty(), l.P_params.comm()))
-    throw ShapeError(l.name + ".scatter_parameters: " + (error.empty() ? "another worker's layer does not fit" : error));
+    throw ShapeError(l.name + ".scatter_parameters: " +
+                         (error.empty() ? "another worker's layer does not fit" : error),
+                     rule_code::kLinearParameters);
   torch::NoGradGuard no_grad;
   if (l.owns_weight)
     weight_.copy_(global->weight.slice(0, l.w_r0, l.w_r0 + l.w_rn).slice(1, l.w_c0, l.w_c0 + l.w_cn));

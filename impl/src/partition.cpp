@@ -94,15 +94,17 @@ void check_team(const char* what, const Ranks& team, const Shape& shape) {
   for (int w : team) {
     if (w < 0 || w >= world_size())
       throw PartitionError(std::string(what) + ": worker " + std::to_string(w) +
-                           " is outside a world of " + std::to_string(world_size()));
+                           " is outside a world of " + std::to_string(world_size()),
+                           rule_code::kWorkerRange);
     if (!seen.insert(w).second)
       throw PartitionError(std::string(what) + ": worker " + std::to_string(w) +
-                           " listed twice in [" + list_string(team) + "]");
+                           " listed twice in [" + list_string(team) + "]", rule_code::kWorkerRepeated);
   }
-  if (team.empty()) throw PartitionError(std::string(what) + ": empty team");
+  if (team.empty()) throw PartitionError(std::string(what) + ": empty team", rule_code::kEmptyTeam);
   if (volume(shape) != static_cast<int64_t>(team.size()))
     throw PartitionError(std::string(what) + ": shape " + shape_string(shape) +
-                         " does not fit " + std::to_string(team.size()) + " workers");
+                         " does not fit " + std::to_string(team.size()) + " workers",
+                         rule_code::kShapeVolume);
 }
 
 }  // namespace
@@ -146,13 +148,13 @@ std::string Partition::describe() const {
 }
 
 Partition Partition::create_partition_inclusive(const Ranks& ranks) const {
-  if (!s_) throw PartitionError("create_partition_inclusive on the null partition");
+  if (!s_) throw PartitionError("create_partition_inclusive on the null partition", rule_code::kNullPartition);
   Ranks team;
   auto build = [&] {
     for (int r : ranks) {
       if (r < 0 || r >= size())
         throw PartitionError("create_partition_inclusive: rank " + std::to_string(r) +
-                             " is not in " + describe());
+                             " is not in " + describe(), rule_code::kWorkerRange);
       team.push_back(s_->workers[r]);
     }
     check_team("create_partition_inclusive", team, {static_cast<int64_t>(team.size())});
@@ -195,10 +197,11 @@ Partition Partition::create_partition_union(const Partition& other) const {
 }
 
 CartesianPartition Partition::create_cartesian_topology_partition(const Shape& shape) const {
-  if (!s_) throw PartitionError("create_cartesian_topology_partition on the null partition");
+  if (!s_) throw PartitionError("create_cartesian_topology_partition on the null partition",
+                                       rule_code::kNullPartition);
   if (shape.empty() || volume(shape) != size())
     throw PartitionError("create_cartesian_topology_partition: shape " +
-                         shape_string(shape) + " does not fit " + describe());
+                         shape_string(shape) + " does not fit " + describe(), rule_code::kShapeVolume);
   // Same team, same order: the communicator is shared, not duplicated.
   auto s = std::make_shared<State>(*s_);
   s->shape = shape;
@@ -256,9 +259,10 @@ StatePtr subgrid_state(const Partition& P, MPI_Comm comm, const std::vector<bool
 
 }  // namespace
 
-CartesianPartition CartesianPartition::create_cartesian_subtopology_partition(
+CartesianPartition Partition::create_cartesian_subtopology_partition(
     const std::vector<bool>& remain) const {
-  if (!s_) throw PartitionError("create_cartesian_subtopology_partition on the null partition");
+  if (!s_) throw PartitionError("create_cartesian_subtopology_partition on the null partition",
+                                       rule_code::kNullPartition);
   if (!active()) return CartesianPartition();
   Fingerprint f;
   f.add(std::string("subtopology"));
@@ -266,13 +270,14 @@ CartesianPartition CartesianPartition::create_cartesian_subtopology_partition(
   checked(comm(), "create_cartesian_subtopology_partition", f, [&] {
     if (remain.size() != shape().size())
       throw PartitionError("create_cartesian_subtopology_partition: " +
-                           std::to_string(remain.size()) + " flags for " + describe());
+                           std::to_string(remain.size()) + " flags for " + describe(), rule_code::kAxisRange);
   });
   return CartesianPartition(subgrid_state(*this, comm(), remain, true));
 }
 
 Partition Partition::create_allreduction_partition(const std::vector<int>& axes) const {
-  if (!s_) throw PartitionError("create_allreduction_partition on the null partition");
+  if (!s_) throw PartitionError("create_allreduction_partition on the null partition",
+                                       rule_code::kNullPartition);
   if (!active()) return Partition();
   std::vector<bool> remain(shape().size(), false);
   Fingerprint f;
@@ -282,7 +287,7 @@ Partition Partition::create_allreduction_partition(const std::vector<int>& axes)
     for (int a : axes) {
       if (a < 0 || a >= static_cast<int>(shape().size()))
         throw PartitionError("create_allreduction_partition: axis " + std::to_string(a) +
-                             " outside " + describe());
+                             " outside " + describe(), rule_code::kAxisRange);
       remain[a] = true;
     }
   });
@@ -380,14 +385,14 @@ Ranks Team::workers() const {
 
 std::vector<Team> broadcast_teams(const Partition& P_x, const Partition& P_y,
                                   bool transpose_src, bool transpose_dest) {
-  if (P_x.is_null() || P_y.is_null()) throw PartitionError("broadcast: null partition");
+  if (P_x.is_null() || P_y.is_null()) throw PartitionError("broadcast: null partition", rule_code::kNullPartition);
   const auto eff = broadcast_shapes(P_x.shape(), P_y.shape(), transpose_src, transpose_dest);
   return root_teams(P_x, transpose_src, eff.src, P_y, transpose_dest, eff.dst);
 }
 
 std::vector<Team> reduction_teams(const Partition& P_x, const Partition& P_y,
                                   bool transpose_src, bool transpose_dest) {
-  if (P_x.is_null() || P_y.is_null()) throw PartitionError("sum-reduce: null partition");
+  if (P_x.is_null() || P_y.is_null()) throw PartitionError("sum-reduce: null partition", rule_code::kNullPartition);
   const auto eff = reduction_shapes(P_x.shape(), P_y.shape(), transpose_src, transpose_dest);
   return root_teams(P_y, transpose_dest, eff.dst, P_x, transpose_src, eff.src);
 }
@@ -429,7 +434,7 @@ Bytes Partition::broadcast_data(const Bytes& data, int root) const {
   checked(comm(), "broadcast_data", f, [&] {
     if (root < 0 || root >= size())
       throw PartitionError("broadcast_data: root " + std::to_string(root) + " outside " +
-                           describe());
+                           describe(), rule_code::kRootRange);
   });
   int64_t len = static_cast<int64_t>(data.size());
   MPI_Request req;
@@ -452,7 +457,7 @@ Bytes Partition::broadcast_data(const Bytes& data, int root, const Partition& P_
   wait(req, "broadcast_data");
   if (found < 0)
     throw PartitionError("broadcast_data: rank " + std::to_string(root) +
-                         " of P_data is not a member of " + describe());
+                         " of P_data is not a member of " + describe(), rule_code::kRootRange);
   return broadcast_data(data, found);
 }
 
@@ -480,14 +485,14 @@ std::vector<Bytes> Partition::allgather_data(const Bytes& data) const {
   return out;
 }
 
-Index CartesianPartition::cartesian_index(int rank) const {
+Index Partition::cartesian_index(int rank) const {
   if (rank < 0 || rank >= size())
     throw PartitionError("cartesian_index: rank " + std::to_string(rank) + " outside " +
-                         describe());
+                         describe(), rule_code::kWorkerRange);
   return unravel(rank, shape());
 }
 
-std::vector<std::pair<int, int>> CartesianPartition::neighbor_ranks(int rank) const {
+std::vector<std::pair<int, int>> Partition::neighbor_ranks(int rank) const {
   const Index me = cartesian_index(rank);
   std::vector<std::pair<int, int>> out;
   for (size_t d = 0; d < me.size(); ++d) {

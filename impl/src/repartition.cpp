@@ -32,7 +32,7 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
     const size_t d = static_cast<size_t>(header_of(P_union, headers, P_x.workers()[0]).ndim);
     if (d < P_x.shape().size() || d < P_y.shape().size())
       throw ShapeError(name + ": a tensor of " + std::to_string(d) +
-                       " dimensions cannot be split over these partitions");
+                       " dimensions cannot be split over these partitions", rule_code::kTilingDims);
     std::vector<Shape> pieces;
     for (int w : P_x.workers()) pieces.push_back(header_of(P_union, headers, w).shape());
     const Tiling t = tile(name, padded_shape(P_x.shape(), d), pieces, P_x.workers());
@@ -147,7 +147,9 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
 
 }  // namespace detail
 
-RepartitionImpl::RepartitionImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+namespace functional {
+
+RepartitionPlan::RepartitionPlan(const mpi::Partition& P_x, const mpi::Partition& P_y,
                                  RepartitionExchange how) {
   auto l = std::make_shared<detail::RepartitionLayer>();
   l->how = how;
@@ -160,6 +162,17 @@ RepartitionImpl::RepartitionImpl(const mpi::Partition& P_x, const mpi::Partition
   layer_ = l;
 }
 
-torch::Tensor RepartitionImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
+at::Tensor repartition(const at::Tensor& x, const RepartitionPlan& plan) {
+  return plan.layer_->forward(x);
+}
+
+}  // namespace functional
+
+RepartitionImpl::RepartitionImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+                                 RepartitionExchange how)
+    : plan_(P_x, P_y, how) {}
+torch::Tensor RepartitionImpl::forward(const torch::Tensor& x) {
+  return functional::repartition(x, plan_);
+}
 
 }  // namespace partita::nn

@@ -105,20 +105,42 @@ at::Tensor TeamLayer::forward(const at::Tensor& x) const {
 
 namespace partita::nn {
 
-BroadcastImpl::BroadcastImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+namespace functional {
+
+BroadcastPlan::BroadcastPlan(const mpi::Partition& P_x, const mpi::Partition& P_y,
                              Options options)
     : layer_(std::make_shared<detail::TeamLayer>(detail::TeamLayer::Kind::Broadcast, P_x, P_y,
                                                  options)) {}
-torch::Tensor BroadcastImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
-const mpi::Partition& BroadcastImpl::P_send() const { return layer_->P_send; }
-const mpi::Partition& BroadcastImpl::P_recv() const { return layer_->P_recv; }
+const mpi::Partition& BroadcastPlan::P_send() const { return layer_->P_send; }
+const mpi::Partition& BroadcastPlan::P_recv() const { return layer_->P_recv; }
+at::Tensor broadcast(const at::Tensor& x, const BroadcastPlan& plan) {
+  return plan.layer_->forward(x);
+}
 
-SumReduceImpl::SumReduceImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+SumReducePlan::SumReducePlan(const mpi::Partition& P_x, const mpi::Partition& P_y,
                              Options options)
     : layer_(std::make_shared<detail::TeamLayer>(detail::TeamLayer::Kind::SumReduce, P_x, P_y,
                                                  options)) {}
-torch::Tensor SumReduceImpl::forward(const torch::Tensor& x) { return layer_->forward(x); }
-const mpi::Partition& SumReduceImpl::P_send() const { return layer_->P_send; }
-const mpi::Partition& SumReduceImpl::P_recv() const { return layer_->P_recv; }
+const mpi::Partition& SumReducePlan::P_send() const { return layer_->P_send; }
+const mpi::Partition& SumReducePlan::P_recv() const { return layer_->P_recv; }
+at::Tensor sum_reduce(const at::Tensor& x, const SumReducePlan& plan) {
+  return plan.layer_->forward(x);
+}
+
+}  // namespace functional
+
+BroadcastImpl::BroadcastImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+                             Options options)
+    : plan_(P_x, P_y, options) {}
+torch::Tensor BroadcastImpl::forward(const torch::Tensor& x) {
+  return functional::broadcast(x, plan_);
+}
+
+SumReduceImpl::SumReduceImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+                             Options options)
+    : plan_(P_x, P_y, options) {}
+torch::Tensor SumReduceImpl::forward(const torch::Tensor& x) {
+  return functional::sum_reduce(x, plan_);
+}
 
 }  // namespace partita::nn

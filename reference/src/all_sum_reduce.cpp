@@ -13,7 +13,7 @@ Tensors all_sum_reduce(const Partition& P_x, const std::vector<int>& axes, const
         throw ShapeError("all_sum_reduce: workers " + std::to_string(t[0]) + " and " +
                          std::to_string(t[i]) + " of one team have different shapes " +
                          shape_string(shape_of(x[t[0]])) + " and " +
-                         shape_string(shape_of(x[t[i]])));
+                         shape_string(shape_of(x[t[i]])), rule_code::kTeamShapes);
       sum = sum + x[t[i]];
     }
     return sum;

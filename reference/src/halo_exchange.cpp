@@ -7,14 +7,19 @@ namespace partita::reference {
 
 Tensors halo_exchange(const Partition& P_x, const Shape& left, const Shape& right,
                       const Tensors& x) {
+  // The widths first (the layer's arguments), then the tensors.
+  if (left.size() != right.size())
+    throw PartitionError("halo_exchange: " + std::to_string(left.size()) + " left widths and " +
+                         std::to_string(right.size()) + " right widths", rule_code::kHaloWidths);
+  for (size_t k = 0; k < left.size(); ++k)
+    if (left[k] < 0 || right[k] < 0)
+      throw PartitionError("halo_exchange: negative ghost width", rule_code::kHaloWidths);
   check_inputs("halo_exchange", P_x, x);
   const int64_t d = x[P_x.workers()[0]].dim();
   if (d < static_cast<int64_t>(P_x.shape().size()))
     throw ShapeError("halo_exchange: a tensor of " + std::to_string(d) +
                      " dimensions cannot be split over a partition of " +
-                     std::to_string(P_x.shape().size()));
-  for (size_t k = 0; k < left.size() && k < right.size(); ++k)
-    if (left[k] < 0 || right[k] < 0) throw PartitionError("halo_exchange: negative ghost width");
+                     std::to_string(P_x.shape().size()), rule_code::kTilingDims);
   const Shape grid = ones_in_front(P_x.shape(), d);
   std::vector<Shape> windows, bulks;
   for (int w : P_x.workers()) windows.push_back(shape_of(x[w]));

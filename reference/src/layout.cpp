@@ -40,7 +40,7 @@ Layout lay_out(const std::string& what, const Shape& grid, const std::vector<Sha
     if (pieces[r].size() != d)
       throw ShapeError(what + ": worker " + std::to_string(workers[r]) + " passed " +
                        std::to_string(pieces[r].size()) + " dimensions where " +
-                       std::to_string(d) + " are expected");
+                       std::to_string(d) + " are expected", rule_code::kTilingDims);
     pos.push_back(position(static_cast<int64_t>(r), grid));
   }
   // Every pair of pieces in one slab of dimension k agrees on its extent.
@@ -51,7 +51,8 @@ Layout lay_out(const std::string& what, const Shape& grid, const std::vector<Sha
           throw ShapeError(what + ": the inputs do not tile a tensor: worker " +
                            std::to_string(workers[a]) + " has extent " +
                            std::to_string(pieces[a][k]) + " in dimension " + std::to_string(k) +
-                           " where others of its slab have " + std::to_string(pieces[b][k]));
+                           " where others of its slab have " + std::to_string(pieces[b][k]),
+                           rule_code::kTilingUneven);
   // A piece starts after the slabs before it: add up one piece of each.
   Layout l;
   l.global.assign(d, 0);
@@ -74,7 +75,8 @@ Layout lay_out_bulks(const std::string& what, const Shape& grid, const std::vect
   const size_t d = grid.size();
   if (left.size() != d || right.size() != d)
     throw ShapeError(what + ": ghost widths [" + list_string(left) + "] and [" +
-                     list_string(right) + "] for a tensor of " + std::to_string(d) + " dimensions");
+                     list_string(right) + "] for a tensor of " + std::to_string(d) + " dimensions",
+                     rule_code::kHaloWidthCount);
   bulks->clear();
   for (size_t r = 0; r < windows.size(); ++r) {
     Shape b = windows[r];
@@ -84,7 +86,7 @@ Layout lay_out_bulks(const std::string& what, const Shape& grid, const std::vect
         throw ShapeError(what + ": worker " + std::to_string(workers[r]) + " passed extent " +
                          std::to_string(windows[r][k]) + " in dimension " + std::to_string(k) +
                          ", too small for ghosts of widths " + std::to_string(left[k]) +
-                         " and " + std::to_string(right[k]));
+                         " and " + std::to_string(right[k]), rule_code::kHaloWindowSmall);
     }
     bulks->push_back(b);
   }
@@ -100,12 +102,12 @@ Layout lay_out_bulks(const std::string& what, const Shape& grid, const std::vect
         throw ShapeError(what + ": ghosts of width " + std::to_string(right[k]) +
                          " in dimension " + std::to_string(k) + " are wider than slab " +
                          std::to_string(ix[k]) + "'s bulk of " + std::to_string(e) +
-                         " that fills its left neighbour's right ghost");
+                         " that fills its left neighbour's right ghost", rule_code::kHaloGhostWider);
       if (ix[k] + 1 < grid[k] && e < left[k])
         throw ShapeError(what + ": ghosts of width " + std::to_string(left[k]) +
                          " in dimension " + std::to_string(k) + " are wider than slab " +
                          std::to_string(ix[k]) + "'s bulk of " + std::to_string(e) +
-                         " that fills its right neighbour's left ghost");
+                         " that fills its right neighbour's left ghost", rule_code::kHaloGhostWider);
     }
   }
   return l;

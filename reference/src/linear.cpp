@@ -53,7 +53,7 @@ LinearKind linear_kind(const std::string& primitive) {
 }
 
 void check_layer(const std::string& what, const LinearLayer& l) {
-  auto fail = [&](const std::string& why) { throw PartitionError(what + ": " + why); };
+  auto fail = [&](const std::string& why) { throw PartitionError(what + ": " + why, rule_code::kLinearLayout); };
   auto say = [](const Partition& P) { return P.is_null() ? std::string("none") : P.describe(); };
   if (l.kind == LinearKind::General) {
     if (l.P_W.is_null() || !l.P_W.cartesian() || l.P_W.shape().size() != 2)
@@ -141,15 +141,15 @@ Tensors linear(const LinearLayer& l, const at::Tensor& W, const at::Tensor& b, c
           std::pair{lay.start[r][k], pieces[r][k]})
         throw ShapeError(what + ": worker " + std::to_string(xs[r]) + "'s x " +
                          shape_string(pieces[r]) + " is not its balanced piece of " +
-                         shape_string(lay.global));
+                         shape_string(lay.global), rule_code::kLinearInput);
     if (x[xs[r]].scalar_type() != W.scalar_type())
       throw ShapeError(what + ": worker " + std::to_string(xs[r]) + "'s x has dtype " +
                        dtype_name(x[xs[r]].scalar_type()) + ", the layer " +
-                       dtype_name(W.scalar_type()));
+                       dtype_name(W.scalar_type()), rule_code::kLinearInput);
   }
   if (lay.global.back() != l.in)
     throw ShapeError(what + ": x has " + std::to_string(lay.global.back()) +
-                     " features, the layer in_features " + std::to_string(l.in));
+                     " features, the layer in_features " + std::to_string(l.in), rule_code::kLinearInput);
 
   // The global x: every piece padded with zeros to its place, summed.
   at::Tensor X = at::zeros(lay.global, W.options().requires_grad(false));

@@ -38,14 +38,14 @@ Partition::Partition(int world_size, Ranks workers, Shape shape, bool cartesian)
   for (int w : workers_) {
     if (w < 0 || w >= world_size_)
       throw PartitionError("partition: worker " + std::to_string(w) +
-                           " is outside a world of " + std::to_string(world_size_));
+                           " is outside a world of " + std::to_string(world_size_), rule_code::kWorkerRange);
     if (!seen.insert(w).second)
       throw PartitionError("partition: worker " + std::to_string(w) +
-                           " listed twice in [" + list_string(workers_) + "]");
+                           " listed twice in [" + list_string(workers_) + "]", rule_code::kWorkerRepeated);
   }
   if (volume(shape_) != static_cast<int64_t>(workers_.size()))
     throw PartitionError("partition: shape " + shape_string(shape_) + " does not fit " +
-                         std::to_string(workers_.size()) + " workers");
+                         std::to_string(workers_.size()) + " workers", rule_code::kShapeVolume);
 }
 
 Partition Partition::world(int world_size) {
@@ -71,7 +71,7 @@ Index Partition::index(int worker) const {
 Index Partition::cartesian_index(int rank) const {
   if (rank < 0 || rank >= size())
     throw PartitionError("cartesian_index: rank " + std::to_string(rank) +
-                         " outside " + describe());
+                         " outside " + describe(), rule_code::kWorkerRange);
   // Count through the grid in row-major order until we reach `rank`.
   Index idx(shape_.size(), 0);
   for (int r = 0; r < rank; ++r) {
@@ -107,11 +107,11 @@ Partition Partition::create_partition_inclusive(const Ranks& ranks) const {
   for (int r : ranks) {
     if (r < 0 || r >= size())
       throw PartitionError("create_partition_inclusive: rank " + std::to_string(r) +
-                           " is not in " + describe());
+                           " is not in " + describe(), rule_code::kWorkerRange);
     team.push_back(workers_[r]);
   }
   if (team.empty())
-    throw PartitionError("create_partition_inclusive: empty rank list");
+    throw PartitionError("create_partition_inclusive: empty rank list", rule_code::kEmptyTeam);
   return Partition(world_size_, team, {static_cast<int64_t>(team.size())}, false);
 }
 
@@ -127,7 +127,7 @@ Partition Partition::create_partition_union(const Partition& other) const {
 Partition Partition::create_cartesian_topology_partition(const Shape& shape) const {
   if (volume(shape) != size() || shape.empty())
     throw PartitionError("create_cartesian_topology_partition: shape " +
-                         shape_string(shape) + " does not fit " + describe());
+                         shape_string(shape) + " does not fit " + describe(), rule_code::kShapeVolume);
   return Partition(world_size_, workers_, shape, true);
 }
 
@@ -135,7 +135,7 @@ Family Partition::create_cartesian_subtopology_partition(
     const std::vector<bool>& remain) const {
   if (remain.size() != shape_.size())
     throw PartitionError("create_cartesian_subtopology_partition: " +
-                         std::to_string(remain.size()) + " flags for " + describe());
+                         std::to_string(remain.size()) + " flags for " + describe(), rule_code::kAxisRange);
   Shape sub_shape;
   for (size_t d = 0; d < shape_.size(); ++d)
     if (remain[d]) sub_shape.push_back(shape_[d]);
@@ -168,7 +168,7 @@ Family Partition::create_allreduction_partition(const std::vector<int>& axes) co
   for (int a : axes) {
     if (a < 0 || a >= static_cast<int>(shape_.size()))
       throw PartitionError("create_allreduction_partition: axis " + std::to_string(a) +
-                           " outside " + describe());
+                           " outside " + describe(), rule_code::kAxisRange);
     remain[a] = true;
   }
   Family f = create_cartesian_subtopology_partition(remain);
@@ -203,13 +203,15 @@ std::pair<Shape, Shape> check_rules(const std::string& what, const Shape& narrow
                                     const std::string& pair, const char* narrow_name) {
   if (narrow.size() > wide.size())
     throw PartitionError(what + ": " + pair + " break the " + what + " rules: dim(" +
-                         narrow_name + ") must not exceed the other's");
+                         narrow_name + ") must not exceed the other's",
+                         what == "broadcast" ? rule_code::kBroadcastDims : rule_code::kReductionDims);
   const Shape n = seen_as(narrow, narrow_t, wide.size()), w = seen_as(wide, wide_t, wide.size());
   for (size_t d = 0; d < w.size(); ++d)
     if (n[d] != 1 && n[d] != w[d])
       throw PartitionError(what + ": " + pair + " break the " + what + " rules: effective shapes " +
                            shape_string(n) + " and " + shape_string(w) + " differ in dimension " +
-                           std::to_string(d) + " where " + narrow_name + " is not 1");
+                           std::to_string(d) + " where " + narrow_name + " is not 1",
+                           what == "broadcast" ? rule_code::kBroadcastShape : rule_code::kReductionShape);
   return {n, w};
 }
 
@@ -288,11 +290,11 @@ std::map<int, Bytes> Partition::broadcast_data(const std::map<int, Bytes>& data,
                                                int root) const {
   if (root < 0 || root >= size())
     throw PartitionError("broadcast_data: root " + std::to_string(root) +
-                         " outside " + describe());
+                         " outside " + describe(), rule_code::kRootRange);
   const auto it = data.find(workers_[root]);
   if (it == data.end())
     throw PartitionError("broadcast_data: the root worker " +
-                         std::to_string(workers_[root]) + " provided no data");
+                         std::to_string(workers_[root]) + " provided no data", rule_code::kRootRange);
   std::map<int, Bytes> out;
   for (int w : workers_) out[w] = it->second;
   return out;
@@ -303,11 +305,11 @@ std::map<int, Bytes> Partition::broadcast_data(const std::map<int, Bytes>& data,
                                                const Partition& P_data) const {
   if (root < 0 || root >= P_data.size())
     throw PartitionError("broadcast_data: root " + std::to_string(root) +
-                         " outside P_data " + P_data.describe());
+                         " outside P_data " + P_data.describe(), rule_code::kRootRange);
   const int source = P_data.workers_[root];
   if (!active(source))
     throw PartitionError("broadcast_data: rank " + std::to_string(root) +
-                         " of P_data is not a member of " + describe());
+                         " of P_data is not a member of " + describe(), rule_code::kRootRange);
   return broadcast_data(data, rank(source));
 }
 
@@ -318,7 +320,7 @@ std::map<int, std::vector<Bytes>> Partition::allgather_data(
     const auto it = data.find(w);
     if (it == data.end())
       throw PartitionError("allgather_data: worker " + std::to_string(w) +
-                           " provided no data");
+                           " provided no data", rule_code::kWorkerRange);
     all.push_back(it->second);
   }
   std::map<int, std::vector<Bytes>> out;

@@ -12,7 +12,7 @@ Tensors repartition(const Partition& P_x, const Partition& P_y, const Tensors& x
     throw ShapeError("repartition: a tensor of " + std::to_string(d) +
                      " dimensions cannot be split over partitions of " +
                      std::to_string(P_x.shape().size()) + " and " +
-                     std::to_string(P_y.shape().size()) + " dimensions");
+                     std::to_string(P_y.shape().size()) + " dimensions", rule_code::kTilingDims);
   const Shape sx = ones_in_front(P_x.shape(), d), sy = ones_in_front(P_y.shape(), d);
   std::vector<Shape> pieces;
   for (int w : P_x.workers()) pieces.push_back(shape_of(x[w]));

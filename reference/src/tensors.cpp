@@ -8,31 +8,31 @@ void check_inputs(const std::string& what, const Partition& P_x, const Tensors& 
   const int world = std::max(P_x.world_size(), static_cast<int>(x.size()));
   if (static_cast<int>(x.size()) != P_x.world_size())
     throw ShapeError(what + ": " + std::to_string(x.size()) + " tensors for a world of " +
-                     std::to_string(P_x.world_size()));
+                     std::to_string(P_x.world_size()), rule_code::kWorkerRange);
   at::ScalarType dtype = at::ScalarType::Undefined;
   int first = -1;
   for (int w = 0; w < world; ++w) {
     if (x[w].dim() > kMaxTensorDims)
       throw ShapeError(what + ": worker " + std::to_string(w) + " has " +
                        std::to_string(x[w].dim()) + " dimensions, more than " +
-                       std::to_string(kMaxTensorDims));
+                       std::to_string(kMaxTensorDims), rule_code::kTooManyDims);
     if (!P_x.active(w)) {
       if (x[w].numel() != 0)
         throw ShapeError(what + ": worker " + std::to_string(w) +
                          " is outside P_x and must pass a zero-volume tensor, not " +
-                         shape_string(shape_of(x[w])));
+                         shape_string(shape_of(x[w])), rule_code::kOutsideNotEmpty);
       continue;
     }
     if (!dtype_supported(x[w].scalar_type()))
       throw ShapeError(what + ": worker " + std::to_string(w) + " has unsupported dtype " +
-                       dtype_name(x[w].scalar_type()));
+                       dtype_name(x[w].scalar_type()), rule_code::kDtypeUnsupported);
     if (first < 0) {
       first = w;
       dtype = x[w].scalar_type();
     } else if (x[w].scalar_type() != dtype) {
       throw ShapeError(what + ": worker " + std::to_string(first) + " has " + dtype_name(dtype) +
                        " but worker " + std::to_string(w) + " has " +
-                       dtype_name(x[w].scalar_type()));
+                       dtype_name(x[w].scalar_type()), rule_code::kDtypeMismatch);
     }
   }
 }

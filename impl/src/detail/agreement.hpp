@@ -40,29 +40,31 @@ struct Fingerprint {
 // message reaches every rank: the lowest failing rank's text is broadcast;
 // a mismatch says "<what>: the ranks of the collective passed different
 // <subject>".
-// The class of the error raised on every rank is the first failing rank's
-// (issue 9: the class must agree with the reference's).
+// The class and the rule code of the error raised on every rank are the
+// first failing rank's (issue 9: both must agree with the reference's).
 enum class ErrorKind : char { Partition = 'P', Shape = 'S' };
+struct LocalError {
+  std::string text;  // empty: this rank did not fail
+  ErrorKind kind = ErrorKind::Partition;
+  std::string rule;  // partita::rule code
+};
 void agree(MPI_Comm comm, const char* what, const Fingerprint& f,
-           const std::string& local_error = "", const char* subject = "arguments",
-           ErrorKind kind = ErrorKind::Partition);
+           const LocalError& local = {}, const char* subject = "arguments");
 
 // Runs `body` (which validates arguments and may throw), then agrees on the
 // outcome over `comm` so that either every rank goes on or every rank throws.
 template <typename Body>
 void checked(MPI_Comm comm, const char* what, const Fingerprint& f, Body&& body,
              const char* subject = "arguments") {
-  std::string error;
-  ErrorKind kind = ErrorKind::Partition;
+  LocalError error;
   try {
     body();
-  } catch (const ShapeError& e) {
-    error = e.what();
-    kind = ErrorKind::Shape;
   } catch (const Error& e) {
-    error = e.what();
+    error.text = e.what();
+    error.rule = e.rule();
+    if (dynamic_cast<const ShapeError*>(&e)) error.kind = ErrorKind::Shape;
   }
-  agree(comm, what, f, error, subject, kind);
+  agree(comm, what, f, error, subject);
 }
 
 }  // namespace partita::mpi::detail

@@ -25,24 +25,27 @@ void check_inputs(const std::string& layer, const Partition& P_union, const Part
     const Header& h = headers[u];
     if (h.status == Header::kTooManyDims)
       throw ShapeError(layer + ": worker " + std::to_string(w) + " passed a tensor of more than " +
-                       std::to_string(kMaxTensorDims) + " dimensions");
+                       std::to_string(kMaxTensorDims) + " dimensions", rule_code::kTooManyDims);
     if (!member(P_x, w)) {
       if (h.numel() != 0)
         throw ShapeError(layer + ": worker " + std::to_string(w) +
                          " is not in P_x but passed a tensor of shape " + shape_text(h) +
-                         "; workers outside P_x must pass a zero-volume tensor");
+                         "; workers outside P_x must pass a zero-volume tensor",
+                         rule_code::kOutsideNotEmpty);
       continue;
     }
     if (h.status == Header::kBadDtype)
       throw ShapeError(layer + ": worker " + std::to_string(w) + " passed dtype " +
-                       dtype_name(h.scalar_type()) + ", which partita cannot move");
+                       dtype_name(h.scalar_type()) + ", which partita cannot move",
+                       rule_code::kDtypeUnsupported);
     if (first_px < 0) {
       first_px = u;
     } else if (h.dtype != headers[first_px].dtype) {
       throw ShapeError(layer + ": dtypes differ between workers: worker " +
                        std::to_string(P_union.workers()[first_px]) + " passed " +
                        dtype_name(headers[first_px].scalar_type()) + ", worker " +
-                       std::to_string(w) + " passed " + dtype_name(h.scalar_type()));
+                       std::to_string(w) + " passed " + dtype_name(h.scalar_type()),
+                       rule_code::kDtypeMismatch);
     }
   }
 }
@@ -57,7 +60,8 @@ void check_same_shapes(const std::string& layer, const Partition& P_union,
       if (a.shape() != b.shape())
         throw ShapeError(layer + ": workers " + std::to_string(g[0]) + " and " +
                          std::to_string(g[i]) + " of one " + group_kind +
-                         " hold different shapes " + shape_text(a) + " and " + shape_text(b));
+                         " hold different shapes " + shape_text(a) + " and " + shape_text(b),
+                         rule_code::kTeamShapes);
     }
   }
 }

@@ -96,7 +96,8 @@ void check_plan(const Partition& P, const std::string& what, const std::vector<P
     for (size_t i = 0; i < diffs.size(); ++i) error += (i ? "; " : "") + diffs[i];
   }
   Fingerprint none;
-  agree(P.comm(), (what + " plan check").c_str(), none, error);
+  agree(P.comm(), (what + " plan check").c_str(), none,
+        {error, ErrorKind::Partition, error.empty() ? "" : rule_code::kPlanDiffers});
 }
 
 }  // namespace partita::mpi::detail
@@ -178,7 +179,8 @@ void agree_on_teams(MPI_Comm comm, const std::string& what, const std::vector<Ra
       break;
     }
   throw PartitionError(what + ": workers " + std::to_string(w0) + " and " + std::to_string(w1) +
-                       " computed different teams: " + diff);
+                       " computed different teams: " + diff,
+                       rule_code::kPlanDiffers);
 }
 
 }  // namespace partita::mpi::detail

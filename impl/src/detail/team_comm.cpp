@@ -65,7 +65,8 @@ MPI_Datatype mpi_datatype(at::ScalarType t) {
     case at::kShort: return MPI_INT16_T;
     case at::kInt: return MPI_INT32_T;
     case at::kLong: return MPI_INT64_T;
-    default: throw ShapeError("partita: dtype " + dtype_name(t) + " is not supported");
+    default: throw ShapeError("partita: dtype " + dtype_name(t) + " is not supported",
+                              rule_code::kDtypeUnsupported);
   }
 }
 
@@ -82,7 +83,7 @@ MPI_Op mpi_sum(at::ScalarType t) {
 int mpi_count(int64_t numel, const std::string& what) {
   if (numel > INT_MAX)
     throw ShapeError(what + ": " + std::to_string(numel) +
-                     " elements exceed the MPI count limit (INT_MAX)");
+                     " elements exceed the MPI count limit (INT_MAX)", rule_code::kCountOverflow);
   return static_cast<int>(numel);
 }
 

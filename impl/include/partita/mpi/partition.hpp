@@ -56,6 +56,17 @@ class Partition {
   const Ranks& workers() const;  // world ranks, in partition-rank order
   MPI_Comm comm() const;         // MPI_COMM_NULL when inactive
 
+  // The Cartesian queries. A partition without topology answers them as a
+  // 1-D Cartesian one of shape {size} (seed 000): the index of rank r is
+  // {r}, its neighbours r-1 and r+1, and its only sub-topologies the whole
+  // team (remain {true}) or the worker alone (remain {false}).
+  Index cartesian_index(int rank) const;
+  // Per dimension {left, right} neighbour ranks, -1 on a boundary.
+  std::vector<std::pair<int, int>> neighbor_ranks(int rank) const;
+  // MPI_Cart_sub: this rank's sub-grid along the kept dimensions.
+  CartesianPartition create_cartesian_subtopology_partition(
+      const std::vector<bool>& remain) const;
+
   Partition create_partition_inclusive(const Ranks& ranks) const;
   Partition create_partition_union(const Partition& other) const;
   CartesianPartition create_cartesian_topology_partition(const Shape& shape) const;
@@ -98,11 +109,6 @@ class Partition {
 class CartesianPartition : public Partition {
  public:
   CartesianPartition() = default;
-  Index cartesian_index(int rank) const;
-  // Per dimension {left, right} neighbour ranks, -1 on a boundary.
-  std::vector<std::pair<int, int>> neighbor_ranks(int rank) const;
-  CartesianPartition create_cartesian_subtopology_partition(
-      const std::vector<bool>& remain) const;
 
  private:
   friend class Partition;

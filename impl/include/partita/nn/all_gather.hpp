@@ -12,6 +12,7 @@
 // rows starting at i*(N/k) + min(i, N%k)). Adjoint: the all-gather of the
 // slices' gradients.
 // Workers outside P_x return a clone of their (zero-volume) input.
+// Thin wrappers of functional::all_gather / reduce_scatter (functional.hpp).
 // Construction is collective over the active members of P_x.
 #pragma once
 
@@ -21,13 +22,10 @@
 #include <memory>
 
 #include "partita/mpi/partition.hpp"
+#include "partita/nn/functional.hpp"
 #include "partita/options.hpp"
 
 namespace partita::nn {
-
-namespace detail {
-struct GatherLayer;
-}
 
 class AllGatherImpl : public torch::nn::Module {
  public:
@@ -39,10 +37,10 @@ class AllGatherImpl : public torch::nn::Module {
   // range or repeated) raise PartitionError on every rank.
   AllGatherImpl(const mpi::Partition& P_x, const GatherAxes& axes);
   torch::Tensor forward(const torch::Tensor& x);
+  const functional::AllGatherPlan& plan() const { return plan_; }
 
  private:
-  std::vector<std::shared_ptr<const detail::GatherLayer>> layers_;
-  double scale_backward_ = 1;
+  functional::AllGatherPlan plan_;
 };
 TORCH_MODULE(AllGather);
 
@@ -53,9 +51,10 @@ class ReduceScatterImpl : public torch::nn::Module {
   // or {.axes_keep = ...}; scale_backward must be empty.
   ReduceScatterImpl(const mpi::Partition& P_x, const GatherAxes& axes);
   torch::Tensor forward(const torch::Tensor& x);
+  const functional::ReduceScatterPlan& plan() const { return plan_; }
 
  private:
-  std::vector<std::shared_ptr<const detail::GatherLayer>> layers_;
+  functional::ReduceScatterPlan plan_;
 };
 TORCH_MODULE(ReduceScatter);
 

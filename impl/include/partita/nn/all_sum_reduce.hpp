@@ -5,6 +5,7 @@
 // outside P_x returns a clone of its zero-volume input. No axes: a clone.
 // Adjoint: itself (the same sum over the same teams), seed 000.
 //
+// A thin wrapper of functional::all_sum_reduce (functional.hpp).
 // Construction is collective over the active members of P_x.
 #pragma once
 
@@ -15,22 +16,20 @@
 #include <vector>
 
 #include "partita/mpi/partition.hpp"
+#include "partita/nn/functional.hpp"
 
 namespace partita::nn {
-
-namespace detail {
-struct AllSumReduceLayer;
-}
 
 class AllSumReduceImpl : public torch::nn::Module {
  public:
   AllSumReduceImpl(const mpi::Partition& P_x, std::vector<int> axes);
   torch::Tensor forward(const torch::Tensor& x);
 
-  const mpi::Partition& team() const;
+  const mpi::Partition& team() const { return plan_.team(); }
+  const functional::AllSumReducePlan& plan() const { return plan_; }
 
  private:
-  std::shared_ptr<const detail::AllSumReduceLayer> layer_;
+  functional::AllSumReducePlan plan_;
 };
 TORCH_MODULE(AllSumReduce);
 

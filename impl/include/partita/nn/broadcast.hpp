@@ -8,6 +8,7 @@
 // sum of the gradients of the copies of its subtensor (seed 000, "the
 // subtensors on P_y are sum-reduced back to P_x").
 //
+// A thin wrapper of functional::broadcast (functional.hpp).
 // Construction is collective over the world (every rank builds the layer,
 // inactive ones too) and creates the teams' communicators once; a call
 // exchanges one small header per rank of P_x ∪ P_y (so shape and dtype
@@ -20,24 +21,23 @@
 #include <memory>
 
 #include "partita/mpi/partition.hpp"
+#include "partita/nn/functional.hpp"
 #include "partita/options.hpp"
 
 namespace partita::nn {
-
-namespace detail {
-struct TeamLayer;
-}
 
 class BroadcastImpl : public torch::nn::Module {
  public:
   BroadcastImpl(const mpi::Partition& P_x, const mpi::Partition& P_y, Options options = {});
   torch::Tensor forward(const torch::Tensor& x);
 
-  const mpi::Partition& P_send() const;
-  const mpi::Partition& P_recv() const;
+  const mpi::Partition& P_send() const { return plan_.P_send(); }
+  const mpi::Partition& P_recv() const { return plan_.P_recv(); }
+  // What forward passes to functional::broadcast.
+  const functional::BroadcastPlan& plan() const { return plan_; }
 
  private:
-  std::shared_ptr<const detail::TeamLayer> layer_;
+  functional::BroadcastPlan plan_;
 };
 TORCH_MODULE(Broadcast);
 

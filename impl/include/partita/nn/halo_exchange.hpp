@@ -16,6 +16,7 @@
 // A ghost wider than the neighbour's bulk that fills it, a window smaller
 // than its ghosts, or bulks that do not tile a tensor raise the same
 // ShapeError on every rank of P_x. Workers outside P_x return a clone.
+// A thin wrapper of functional::halo_exchange (functional.hpp).
 // Construction is collective over P_x (the widths must agree).
 #pragma once
 
@@ -25,20 +26,18 @@
 #include <memory>
 
 #include "partita/mpi/partition.hpp"
+#include "partita/nn/functional.hpp"
 
 namespace partita::nn {
-
-namespace detail {
-struct HaloLayer;
-}
 
 class HaloExchangeImpl : public torch::nn::Module {
  public:
   HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape right);
   torch::Tensor forward(const torch::Tensor& x);
+  const functional::HaloExchangePlan& plan() const { return plan_; }
 
  private:
-  std::shared_ptr<const detail::HaloLayer> layer_;
+  functional::HaloExchangePlan plan_;
 };
 TORCH_MODULE(HaloExchange);
 

@@ -16,6 +16,7 @@
 // measurement behind the default.
 // Adjoint: the reverse repartition (the same lists, directions swapped;
 // the pieces do not overlap, so the adjoint's sum is a copy).
+// A thin wrapper of functional::repartition (functional.hpp).
 // Construction is collective over the world.
 #pragma once
 
@@ -25,23 +26,19 @@
 #include <memory>
 
 #include "partita/mpi/partition.hpp"
+#include "partita/nn/functional.hpp"
 
 namespace partita::nn {
-
-namespace detail {
-struct RepartitionLayer;
-}
-
-enum class RepartitionExchange { kPointToPoint, kAlltoallw };
 
 class RepartitionImpl : public torch::nn::Module {
  public:
   RepartitionImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
                   RepartitionExchange how = RepartitionExchange::kPointToPoint);
   torch::Tensor forward(const torch::Tensor& x);
+  const functional::RepartitionPlan& plan() const { return plan_; }
 
  private:
-  std::shared_ptr<const detail::RepartitionLayer> layer_;
+  functional::RepartitionPlan plan_;
 };
 TORCH_MODULE(Repartition);
 

@@ -8,6 +8,7 @@
 // Adjoint: the broadcast over the same teams (seed 001, "Adjoint"): each P_x
 // worker receives a copy of the gradient of the sum it contributed to.
 //
+// A thin wrapper of functional::sum_reduce (functional.hpp).
 // Construction and calls follow the same rules as Broadcast.
 #pragma once
 
@@ -17,24 +18,23 @@
 #include <memory>
 
 #include "partita/mpi/partition.hpp"
+#include "partita/nn/functional.hpp"
 #include "partita/options.hpp"
 
 namespace partita::nn {
-
-namespace detail {
-struct TeamLayer;
-}
 
 class SumReduceImpl : public torch::nn::Module {
  public:
   SumReduceImpl(const mpi::Partition& P_x, const mpi::Partition& P_y, Options options = {});
   torch::Tensor forward(const torch::Tensor& x);
 
-  const mpi::Partition& P_send() const;
-  const mpi::Partition& P_recv() const;
+  const mpi::Partition& P_send() const { return plan_.P_send(); }
+  const mpi::Partition& P_recv() const { return plan_.P_recv(); }
+  // What forward passes to functional::sum_reduce.
+  const functional::SumReducePlan& plan() const { return plan_; }
 
  private:
-  std::shared_ptr<const detail::TeamLayer> layer_;
+  functional::SumReducePlan plan_;
 };
 TORCH_MODULE(SumReduce);
 

@@ -1,0 +1,182 @@
+// Issue 9 A3: every primitive's functional form (partita/nn/functional.hpp)
+// against its torch::nn module on the same inputs: the forward outputs and
+// the input gradients must be bit-identical, with a plan built on its own
+// and with the module's own plan (through DistDL's *Function names).
+// Partitions are drawn from the world size, so the same tests run at 1, 2
+// and 4 ranks with teams of 1, 2 and 2x2 workers.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <cstring>
+#include <functional>
+
+#include "partita/mpi/runtime.hpp"
+#include "partita/nn/all_gather.hpp"
+#include "partita/nn/all_sum_reduce.hpp"
+#include "partita/nn/broadcast.hpp"
+#include "partita/nn/functional.hpp"
+#include "partita/nn/halo_exchange.hpp"
+#include "partita/nn/repartition.hpp"
+#include "partita/nn/sum_reduce.hpp"
+
+namespace partita::spec {
+namespace {
+
+namespace F = partita::nn::functional;
+using Layer = std::function<at::Tensor(const at::Tensor&)>;
+
+bool agreed(bool local) { return mpi::all_true(local, mpi::world_comm()); }
+
+// Bit for bit: dtype, shape and every byte (so -0.0 differs from 0.0).
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const at::Tensor ac = a.contiguous(), bc = b.contiguous();
+  return std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.numel() * ac.element_size()) == 0;
+}
+
+// The grid every test uses: k x m workers (m = 2 from 2 ranks on), all of
+// the world in reverse order, so that partition rank and world rank differ.
+struct Grid {
+  int64_t k, m;
+  Ranks all, last_row;  // every worker; the m workers of a 1 x m partition
+};
+Grid grid() {
+  const int n = mpi::world_size();
+  Grid g;
+  g.m = n >= 2 ? 2 : 1;
+  g.k = n / g.m;
+  for (int r = n - 1; r >= 0; --r) g.all.push_back(r);
+  for (int64_t j = 0; j < g.m; ++j) g.last_row.push_back(static_cast<int>(j));
+  return g;
+}
+mpi::CartesianPartition cartesian(const Ranks& ranks, const Shape& shape) {
+  return mpi::Partition::world().create_partition_inclusive(ranks).create_cartesian_topology_partition(
+      shape);
+}
+
+// Random normal values that depend on the rank and a salt.
+at::Tensor random(const Shape& shape, int salt, at::ScalarType dtype) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * salt + mpi::world_rank());
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kDouble)).to(dtype);
+}
+
+struct Run {
+  at::Tensor y, dx;
+};
+// y = layer(x) and x's gradient for a random cotangent (the same for every
+// layer given the same output shape).
+Run run(const Layer& layer, const at::Tensor& x) {
+  const at::Tensor leaf = x.detach().clone().requires_grad_(true);
+  Run r;
+  r.y = layer(leaf);
+  const Shape ys(r.y.sizes().begin(), r.y.sizes().end());
+  torch::autograd::backward({r.y}, {random(ys, 7, r.y.scalar_type())});
+  r.dx = leaf.grad();
+  r.y = r.y.detach();
+  return r;
+}
+
+// The module, the function on a plan of its own and the function on the
+// module's plan: same outputs and gradients, bit for bit, on every rank.
+void expect_same(const std::string& what, const at::Tensor& x, const Layer& module,
+                 const Layer& function, const Layer& on_module_plan) {
+  const Run a = run(module, x), b = run(function, x), c = run(on_module_plan, x);
+  bool ok = same_bits(a.y, b.y) && same_bits(a.dx, b.dx) && same_bits(a.y, c.y) &&
+            same_bits(a.dx, c.dx);
+  EXPECT_TRUE(ok) << what << " on rank " << mpi::world_rank() << ": module y " << a.y
+                  << "\nfunction y " << b.y << "\nmodule dx " << a.dx << "\nfunction dx " << b.dx;
+  // Something moved: a gradient reaches every input that has elements.
+  if (x.numel() > 0) ok = ok && a.dx.defined() && a.dx.abs().sum().item<double>() > 0;
+  EXPECT_TRUE(agreed(ok)) << what;
+}
+
+class Functional : public ::testing::TestWithParam<at::ScalarType> {
+ protected:
+  void SetUp() override { torch::set_num_threads(1); }
+};
+
+TEST_P(Functional, BroadcastAndSumReduce) {
+  const Grid g = grid();
+  const auto row = cartesian(g.last_row, {1, g.m}), full = cartesian(g.all, {g.k, g.m});
+  const Options o{false, false, true};
+  const at::Tensor xb = row.active() ? random({3, 4}, 1, GetParam()) : at::zeros({0}, GetParam());
+  nn::Broadcast b(row, full, o);
+  const F::BroadcastPlan pb(row, full, o);
+  expect_same("broadcast", xb, b, [&](const at::Tensor& x) { return F::broadcast(x, pb); },
+              [&](const at::Tensor& x) { return F::BroadcastFunction::apply(x, b->plan()); });
+
+  const at::Tensor xs = random({3, 4}, 2, GetParam());
+  nn::SumReduce s(full, row, o);
+  const F::SumReducePlan ps(full, row, o);
+  expect_same("sum_reduce", xs, s, [&](const at::Tensor& x) { return F::sum_reduce(x, ps); },
+              [&](const at::Tensor& x) { return F::SumReduceFunction::apply(x, s->plan()); });
+}
+
+TEST_P(Functional, AllSumReduce) {
+  const Grid g = grid();
+  const auto full = cartesian(g.all, {g.k, g.m});
+  const at::Tensor x = random({2, 5}, 3, GetParam());
+  nn::AllSumReduce a(full, std::vector<int>{0, 1});
+  const F::AllSumReducePlan p(full, {0, 1});
+  expect_same("all_sum_reduce", x, a, [&](const at::Tensor& v) { return F::all_sum_reduce(v, p); },
+              [&](const at::Tensor& v) { return F::AllSumReduceFunction::apply(v, a->plan()); });
+}
+
+TEST_P(Functional, AllGatherAndReduceScatter) {
+  const Grid g = grid();
+  const auto full = cartesian(g.all, {g.k, g.m});
+  // Uneven pieces along the gathered dimension: worker r holds r + 1 rows.
+  const at::Tensor xg = random({mpi::world_rank() + 1, 3}, 4, GetParam());
+  nn::AllGather ag(full, 0, 0);
+  const F::AllGatherPlan pg(full, 0, 0);
+  expect_same("all_gather", xg, ag, [&](const at::Tensor& v) { return F::all_gather(v, pg); },
+              [&](const at::Tensor& v) { return F::AllGatherFunction::apply(v, ag->plan()); });
+
+  // DistDL's form with scale_backward.
+  const GatherAxes keep{std::nullopt, std::vector<int>{0}, {1}};
+  const at::Tensor xk = random({2, 3}, 5, GetParam());
+  nn::AllGather ak(full, keep);
+  const F::AllGatherPlan pk(full, keep);
+  expect_same("all_gather axes_keep scale_backward", xk, ak,
+              [&](const at::Tensor& v) { return F::all_gather(v, pk); },
+              [&](const at::Tensor& v) { return F::AllGatherFunction::apply(v, ak->plan()); });
+
+  const at::Tensor xr = random({3, 5}, 6, GetParam());
+  nn::ReduceScatter rs(full, 1, 1);
+  const F::ReduceScatterPlan pr(full, 1, 1);
+  expect_same("reduce_scatter", xr, rs, [&](const at::Tensor& v) { return F::reduce_scatter(v, pr); },
+              [&](const at::Tensor& v) { return F::ReduceScatterFunction::apply(v, rs->plan()); });
+}
+
+TEST_P(Functional, RepartitionAndHaloExchange) {
+  const Grid g = grid();
+  const auto full = cartesian(g.all, {g.k, g.m});
+  const auto other = cartesian(g.last_row, {g.m, 1});
+  // A 5 x 7 global tensor, balanced over k x m.
+  const int64_t me = full.rank();
+  const Index i = full.cartesian_index(static_cast<int>(me));
+  const Shape piece{5 / g.k + (i[0] < 5 % g.k), 7 / g.m + (i[1] < 7 % g.m)};
+  const at::Tensor x = random(piece, 8, GetParam());
+  nn::Repartition rp(full, other);
+  const F::RepartitionPlan pp(full, other);
+  expect_same("repartition", x, rp, [&](const at::Tensor& v) { return F::repartition(v, pp); },
+              [&](const at::Tensor& v) {
+                return F::DistributedTransposeFunction::apply(v, rp->plan());
+              });
+
+  // Windows of that tiling with ghosts of width 1 on every side.
+  const at::Tensor w = random({piece[0] + 2, piece[1] + 2}, 9, GetParam());
+  nn::HaloExchange h(full, Shape{1, 1}, Shape{1, 1});
+  const F::HaloExchangePlan ph(full, {1, 1}, {1, 1});
+  expect_same("halo_exchange", w, h, [&](const at::Tensor& v) { return F::halo_exchange(v, ph); },
+              [&](const at::Tensor& v) { return F::HaloExchangeFunction::apply(v, h->plan()); });
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Functional, ::testing::Values(at::kDouble, at::kFloat),
+                         [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+}  // namespace
+}  // namespace partita::spec
