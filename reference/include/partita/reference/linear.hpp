@@ -45,10 +45,11 @@ ParameterBlock parameter_block(const LinearLayer& layer, int worker);
 void check_layer(const std::string& what, const LinearLayer& layer);
 
 // What each world rank returns: its block of y on P_y; a zero-volume
-// {batch, 0} elsewhere in the layer (the general layer's P_W and P_x workers); a clone of its input outside. W and b (undefined
-// without bias) are the global parameters; gradients reach x, W and b by
-// autograd. Throws ShapeError unless P_x's inputs are the balanced
-// decomposition of a global x with `in` features.
+// {batch, 0} elsewhere in the layer (the general layer's P_W and P_x
+// workers); a clone of its input outside. W and b (undefined without bias)
+// are the global parameters; gradients reach x, W and b by autograd.
+// Throws ShapeError unless P_x's inputs are the balanced decomposition of a
+// global x with `in` features.
 Tensors linear(const LinearLayer& layer, const at::Tensor& W, const at::Tensor& b, const Tensors& x);
 
 }  // namespace partita::reference
