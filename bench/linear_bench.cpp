@@ -79,7 +79,6 @@ struct Gemms {
 // One benchmark's layer, its input and cotangent, and its twin's buffers
 // and communicators; built once per (layer, size) and kept.
 struct Setup {
-  std::function<at::Tensor(const at::Tensor&)> forward;
   std::shared_ptr<nn::DistributedLinearBase> layer;
   at::Tensor x, dy;
   std::function<void()> twin_fwd, twin_bwd;
@@ -87,12 +86,6 @@ struct Setup {
   std::vector<std::unique_ptr<Comm>> comms;
   std::vector<at::Tensor> keep;  // the twin's buffers
 };
-
-template <typename Holder>
-void hold(Setup& s, Holder h) {
-  s.layer = h.ptr();
-  s.forward = [h](const at::Tensor& x) mutable { return h(x); };
-}
 
 std::unique_ptr<Setup> make(const std::string& kind, int64_t f) {
   auto s = std::make_unique<Setup>();
@@ -120,7 +113,7 @@ std::unique_ptr<Setup> make(const std::string& kind, int64_t f) {
     for (int k = 0; k < fin; ++k) xr.push_back(k);
     for (int k = 0; k < fout; ++k) yr.push_back(k * static_cast<int>(fin));
     const auto P_x = cart(xr, {1, fin}), P_y = cart(yr, {1, fout});
-    hold(*s, nn::DistributedLinear(P_x, P_y, cart(all_ranks(), {fout, fin}), f, f, o));
+    s->layer = nn::DistributedLinear(P_x, P_y, cart(all_ranks(), {fout, fin}), f, f, o).ptr();
     s->x = P_x.active() ? rnd({B, f / fin}) : torch::zeros({0});
     s->dy = P_y.active() ? rnd({B, f / fout}) : torch::zeros({B, 0});
     gemm_shapes(B, f / fin, f / fout);
@@ -140,8 +133,8 @@ std::unique_ptr<Setup> make(const std::string& kind, int64_t f) {
   } else if (kind == "linear_all_gather" || kind == "linear_reduce_scatter") {
     const auto P = cart(all_ranks(), {1, n});
     const bool gather = kind == "linear_all_gather";
-    if (gather) hold(*s, nn::DistributedLinearAllGather(P, f, f, o));
-    else hold(*s, nn::DistributedLinearReduceScatter(P, f, f, o));
+    if (gather) s->layer = nn::DistributedLinearAllGather(P, f, f, o).ptr();
+    else s->layer = nn::DistributedLinearReduceScatter(P, f, f, o).ptr();
     s->x = rnd({B, f / n});
     s->dy = rnd({B, f / n});
     // all-gather: the GEMM on the gathered x (B x f) and W_m (f/n x f);
@@ -179,8 +172,8 @@ std::unique_ptr<Setup> make(const std::string& kind, int64_t f) {
     const int d = me / static_cast<int>(M), m = me % static_cast<int>(M);
     const auto P = cart(all_ranks(), {D, 1, M});
     const bool gather = kind == "linear_all_gather_zero";
-    if (gather) hold(*s, nn::DistributedLinearAllGatherZero(P, f, f, o));
-    else hold(*s, nn::DistributedLinearReduceScatterZero(P, f, f, o));
+    if (gather) s->layer = nn::DistributedLinearAllGatherZero(P, f, f, o).ptr();
+    else s->layer = nn::DistributedLinearReduceScatterZero(P, f, f, o).ptr();
     s->x = rnd({B / D, 1, f / M});
     s->dy = rnd({B / D, 1, f / M});
     if (gather) gemm_shapes(B / D, f, f / M);
@@ -242,7 +235,7 @@ void run(benchmark::State& state, const std::string& kind, bool backward) {
   Setup& s = setup(kind, f);
   const at::Tensor x = s.x.detach().requires_grad_(backward);
   auto ours = [&] {
-    at::Tensor y = s.forward(x);
+    at::Tensor y = s.layer->forward(x);
     if (!backward) {
       benchmark::DoNotOptimize(y);
       return;

@@ -61,7 +61,6 @@ std::ostream& operator<<(std::ostream& os, const Config& c) { return os << c.nam
 
 struct Built {
   std::shared_ptr<nn::DistributedLinearBase> layer;
-  std::function<at::Tensor(const at::Tensor&)> forward;
   mpi::Partition P_x, P_y;  // where x and y live
 };
 
@@ -77,39 +76,26 @@ Built build(const Config& c, nn::LinearOptions o) {
     const auto P_W = cartesian(all, c.P);
     b.P_x = cartesian(c.x_ranks, {1, c.P[1]});
     b.P_y = cartesian(c.y_ranks, {1, c.P[0]});
-    nn::DistributedLinear m(b.P_x, b.P_y, P_W, c.in, c.out, o);
-    b.layer = m.ptr();
-    b.forward = [m](const at::Tensor& x) mutable { return m(x); };
+    b.layer = nn::DistributedLinear(b.P_x, b.P_y, P_W, c.in, c.out, o).ptr();
     return b;
   }
   const auto P = cartesian(all, c.P);
   const mpi::Partition other = c.separate ? mpi::Partition(cartesian(all, swap_last_two(c.P))) : mpi::Partition(P);
   const mpi::Partition none;
+  const mpi::Partition& second = c.separate ? other : none;
   switch (c.kind) {
-    case Kind::AllGather: {
-      nn::DistributedLinearAllGather m(P, c.in, c.out, o, c.separate ? other : none);
-      b.layer = m.ptr();
-      b.forward = [m](const at::Tensor& x) mutable { return m(x); };
+    case Kind::AllGather:
+      b.layer = nn::DistributedLinearAllGather(P, c.in, c.out, o, second).ptr();
       break;
-    }
-    case Kind::AllGatherZero: {
-      nn::DistributedLinearAllGatherZero m(P, c.in, c.out, o, c.separate ? other : none);
-      b.layer = m.ptr();
-      b.forward = [m](const at::Tensor& x) mutable { return m(x); };
+    case Kind::AllGatherZero:
+      b.layer = nn::DistributedLinearAllGatherZero(P, c.in, c.out, o, second).ptr();
       break;
-    }
-    case Kind::ReduceScatter: {
-      nn::DistributedLinearReduceScatter m(P, c.in, c.out, o, c.separate ? other : none);
-      b.layer = m.ptr();
-      b.forward = [m](const at::Tensor& x) mutable { return m(x); };
+    case Kind::ReduceScatter:
+      b.layer = nn::DistributedLinearReduceScatter(P, c.in, c.out, o, second).ptr();
       break;
-    }
-    default: {
-      nn::DistributedLinearReduceScatterZero m(P, c.in, c.out, o, c.separate ? other : none);
-      b.layer = m.ptr();
-      b.forward = [m](const at::Tensor& x) mutable { return m(x); };
+    default:
+      b.layer = nn::DistributedLinearReduceScatterZero(P, c.in, c.out, o, second).ptr();
       break;
-    }
   }
   const bool gather = c.kind == Kind::AllGather || c.kind == Kind::AllGatherZero;
   b.P_x = gather ? other : P;
@@ -165,7 +151,7 @@ bool matches_global(const Config& c, Built& b, torch::nn::Linear global, at::Sca
   torch::autograd::backward({yg}, {dyg});
 
   const at::Tensor x = block_of(xg.detach(), b.P_x).requires_grad_();
-  const at::Tensor y = b.forward(x);
+  const at::Tensor y = b.layer->forward(x);
   const at::Tensor dy = b.P_y.active() ? block_of(dyg, b.P_y) : at::zeros_like(y);
   torch::autograd::backward({y}, {dy});
 
@@ -260,7 +246,7 @@ TEST_P(MpiLinear, AdjointIdentityInXAndW) {
   const at::Tensor x =
       (b.P_x.active() ? block_of(torch::randn(c.x_global, at::kDouble), b.P_x) : at::zeros({0}, at::kDouble))
           .requires_grad_();
-  const at::Tensor y = b.forward(x);
+  const at::Tensor y = b.layer->forward(x);
   const at::Tensor dy = torch::randn(y.sizes(), y.options());
   torch::autograd::backward({y}, {dy});
   const auto& W = b.layer->local_weight();
@@ -306,7 +292,7 @@ TEST_P(MpiLinear, SgdFollowsTorchLinear) {
     torch_curve.push_back(loss.item<double>());
 
     distributed.zero_grad();
-    const at::Tensor y = b.forward(x);
+    const at::Tensor y = b.layer->forward(x);
     // Each P_y worker's share of the loss; the shares sum to the loss, and
     // backward of each share through the layer is collective.
     double share = 0;

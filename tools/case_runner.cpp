@@ -198,18 +198,8 @@ std::pair<at::Tensor, at::Tensor> linear_parameters(const Case& c, int64_t in) {
   return {W, b};
 }
 
-// The Linear layer a case names, built from MPI partitions; y = forward(x).
-struct MpiLinear {
-  std::shared_ptr<nn::DistributedLinearBase> layer;
-  std::function<at::Tensor(const at::Tensor&)> forward;
-};
-
-template <typename Holder>
-MpiLinear hold(Holder h) {
-  return {h.ptr(), [h](const at::Tensor& x) mutable { return h(x); }};
-}
-
-MpiLinear make_linear(const Case& c, int64_t in,
+// The Linear layer a case names, built from MPI partitions.
+std::shared_ptr<nn::DistributedLinearBase> make_linear(const Case& c, int64_t in,
                       const std::function<mpi::Partition(const PartitionSpec&)>& part) {
   nn::LinearOptions o;
   o.bias = c.bias;
@@ -224,15 +214,15 @@ MpiLinear make_linear(const Case& c, int64_t in,
   const auto second = c.P_y ? px : mpi::Partition();
   switch (kind) {
     case K::General:
-      return hold(nn::DistributedLinear(px, py, part(*c.P_W), in, c.out_features, o));
+      return nn::DistributedLinear(px, py, part(*c.P_W), in, c.out_features, o).ptr();
     case K::AllGather:
-      return hold(nn::DistributedLinearAllGather(first, in, c.out_features, o, second));
+      return nn::DistributedLinearAllGather(first, in, c.out_features, o, second).ptr();
     case K::AllGatherZero:
-      return hold(nn::DistributedLinearAllGatherZero(first, in, c.out_features, o, second));
+      return nn::DistributedLinearAllGatherZero(first, in, c.out_features, o, second).ptr();
     case K::ReduceScatter:
-      return hold(nn::DistributedLinearReduceScatter(px, in, c.out_features, o, py));
+      return nn::DistributedLinearReduceScatter(px, in, c.out_features, o, py).ptr();
     case K::ReduceScatterZero:
-      return hold(nn::DistributedLinearReduceScatterZero(px, in, c.out_features, o, py));
+      return nn::DistributedLinearReduceScatterZero(px, in, c.out_features, o, py).ptr();
   }
   throw Error("no layer " + c.primitive);
 }
@@ -318,7 +308,7 @@ CaseOutcome run_case(const Case& c) {
   // The MPI implementation: construction and forward, agreed on all ranks.
   std::string mpi_error;
   at::Tensor y;
-  MpiLinear mlin;
+  std::shared_ptr<nn::DistributedLinearBase> mlin;
   try {
     const auto px = mpart(c.P_x);
     if (c.is_linear()) {
@@ -331,8 +321,8 @@ CaseOutcome run_case(const Case& c) {
         global->weight.copy_(W0);
         if (c.bias) global->bias.copy_(b0);
       }
-      mlin.layer->scatter_parameters(global);
-      y = mlin.forward(out.x);
+      mlin->scatter_parameters(global);
+      y = mlin->forward(out.x);
     } else if (c.primitive == "broadcast") {
       nn::Broadcast layer(px, mpart(*c.P_y), c.options);
       y = layer(out.x);
@@ -434,8 +424,8 @@ CaseOutcome run_case(const Case& c) {
     // The Linear layers: each rank stores the block of W and b the reference
     // says, and its gradients are the global gradients' blocks.
     at::Tensor Wl, dWl, bl, dbl;  // this rank's parameters and their gradients
-    if (mlin.layer) {
-      const auto& L = *mlin.layer;
+    if (mlin) {
+      const auto& L = *mlin;
       const auto wb = L.weight_block();
       const auto bb = L.bias_block();
       const reference::ParameterBlock got{wb[0], wb[1], wb[2], wb[3], bb[0], bb[1]};

@@ -54,6 +54,10 @@ struct LinearLayout;
 // owns, and the conversions to and from one torch::nn::Linear.
 class DistributedLinearBase : public torch::nn::Module {
  public:
+  // y = W x + b for this rank's part of x (each layer's own composition of
+  // primitives); the TORCH_MODULE holders call it.
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+
   int64_t in_features() const;
   int64_t out_features() const;
   bool has_bias() const;
@@ -93,7 +97,7 @@ class DistributedLinearImpl : public DistributedLinearBase {
   DistributedLinearImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
                         const mpi::Partition& P_W, int64_t in_features, int64_t out_features,
                         LinearOptions options = {});
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x) override;
 
  private:
   struct Parts;
@@ -108,7 +112,7 @@ class DistributedLinearAllGatherImpl : public DistributedLinearBase {
   DistributedLinearAllGatherImpl(const mpi::Partition& P_y, int64_t in_features,
                                  int64_t out_features, LinearOptions options = {},
                                  const mpi::Partition& P_x = {});
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x) override;
 
  protected:
   DistributedLinearAllGatherImpl(bool zero, const mpi::Partition& P_y, int64_t in_features,
@@ -137,7 +141,7 @@ class DistributedLinearReduceScatterImpl : public DistributedLinearBase {
   DistributedLinearReduceScatterImpl(const mpi::Partition& P_x, int64_t in_features,
                                      int64_t out_features, LinearOptions options = {},
                                      const mpi::Partition& P_y = {});
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x) override;
 
  protected:
   DistributedLinearReduceScatterImpl(bool zero, const mpi::Partition& P_x, int64_t in_features,
