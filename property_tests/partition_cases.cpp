@@ -188,7 +188,9 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
          {1, "int32"}, {1, "int16"}, {1, "int8"}, {1, "uint8"}});
     // A balanced decomposition of a global shape (uneven splits; for the
     // reductions, teams whose pieces differ are rejected by both sides).
-    if (chance(1, c.primitive == "broadcast" ? 3 : 6)) {
+    // (A third of the cases for every primitive: at 2 ranks one in six
+    // left a fresh run of 100 sum-reduce cases without an uneven tiling.)
+    if (chance(1, 3)) {
       Shape g;
       for (size_t d = 0; d < c.P_x.shape.size(); ++d)
         g.push_back(chance(1, 10) ? 0 : *rc::gen::inRange<int64_t>(1, 9));
