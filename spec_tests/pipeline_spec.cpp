@@ -9,6 +9,10 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
+#include <stdexcept>
+#include <typeinfo>
+
 #include "expect_raises.hpp"
 #include "harness/pipeline_checks.hpp"
 #include "partita/mpi/runtime.hpp"
@@ -267,37 +271,226 @@ TEST(PipelineErrors, MisuseInsideTheStep) {
 namespace partita::spec {
 namespace {
 
-// The second line of defence: the stages agree on the step's arguments, but
-// a stage runs the model on an input of another shape. The stage after
-// stage 0 finds it in the header and raises; the stages after it learn from
-// the "failed" header and raise; stage 0, waiting for the last stage, ends
-// at its deadline (docs/pipeline.md: never a hang, a clear message only
-// downstream).
-TEST(PipelineErrors, ModelInputOfAnotherShapeOnOneStage) {
+// --- a stage that fails: every rank raises, promptly ---------------------------
+
+// How long a failure may take to reach every rank: a quarter of the
+// deadline (10 s at 4 ranks on 2 cores), where a rank left waiting would
+// take the whole deadline.
+double prompt_seconds() {
+  const double d = mpi::deadline();
+  return d > 0 ? d / 4 : 2.5;
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Runs f (a step that fails on some rank) and returns the exception's
+// class and message; every rank ends it within prompt_seconds() of its
+// start, or fails the test.
+struct Outcome {
+  std::string kind;  // "planted", "usage", "pipeline", "other: <type>", "none"
+  std::string text;
+};
+struct PlantedFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+template <typename F>
+Outcome outcome_of(F&& f) {
+  Outcome o{"none", ""};
+  const auto t0 = Clock::now();
+  try {
+    f();
+  } catch (const PlantedFailure& e) {
+    o = {"planted", e.what()};
+  } catch (const smp::UsageError& e) {
+    o = {"usage", e.what()};
+  } catch (const smp::PipelineError& e) {
+    o = {"pipeline", e.what()};
+  } catch (const std::exception& e) {
+    o = {std::string("other: ") + typeid(e).name(), e.what()};
+  }
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_LT(took, prompt_seconds()) << "the failure took " << took << " s to reach world rank " << smp::rank();
+  return o;
+}
+
+std::string stage_name(int stage, int world_rank) {
+  return "stage " + std::to_string(stage) + " of " + std::to_string(smp::mp_size()) + ", world rank " +
+         std::to_string(world_rank);
+}
+
+// A layer that passes its input on and, armed on this rank, throws in the
+// forward or the backward of one microbatch.
+struct Trip {
+  bool armed = false;
+  bool in_backward = false;
+  int microbatch = 1;
+};
+Trip g_trip;
+
+struct TripFunction : torch::autograd::Function<TripFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, at::Tensor x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list g) {
+    if (g_trip.armed && g_trip.in_backward && smp::microbatch() == g_trip.microbatch)
+      throw PlantedFailure("planted failure in a layer's backward");
+    return g;
+  }
+};
+
+struct TripLayerImpl : torch::nn::Module {
+  at::Tensor forward(at::Tensor x) {
+    if (g_trip.armed && !g_trip.in_backward && smp::microbatch() == g_trip.microbatch)
+      throw PlantedFailure("planted failure in a layer's forward");
+    return TripFunction::apply(x);
+  }
+};
+TORCH_MODULE(TripLayer);
+
+// The MLP with the tripping layer inserted before layer `at` (at == 11:
+// after the last).
+torch::nn::Sequential mlp_with_trip(int at) {
+  torch::nn::Sequential base = testing::build_model(mlp());
+  torch::nn::Sequential out;
+  int i = 0;
+  for (const auto& layer : *base) {
+    if (i++ == at) out->push_back(TripLayer());
+    out->push_back(layer);
+  }
+  if (at >= static_cast<int>(base->size())) out->push_back(TripLayer());
+  return out;
+}
+
+// A layer throws on one stage (of the first replica), in the forward or the
+// backward of microbatch 1: that rank raises the layer's error, every other
+// rank an smp::PipelineError naming the stage, the phase and the error,
+// well before the deadline; afterwards the pipeline trains as before.
+TEST(PipelineErrors, LayerFailsOnOneStage) {
+  torch::set_num_threads(1);
+  int cases = 0;
+  for (int p : partition_counts()) {
+    if (p == 1 || mpi::world_size() == 1) continue;
+    for (const char* pipeline : {"simple", "interleaved"}) {
+      init(p, pipeline);
+      for (bool in_backward : {false, true})
+        for (int at : {1, 5, 11}) {  // (before layer 0 its backward would not run: x needs no gradient)
+          smp::DistributedModel model(mlp_with_trip(at));
+          int failing = 0;  // the stage holding layer `at`
+          while (!(model.bounds()[failing] <= at && at < model.bounds()[failing + 1])) ++failing;
+          const bool armed = smp::mp_rank() == failing && smp::dp_rank() == 0;  // of replica 0
+          int failing_rank = -1;
+          for (int r : smp::allgather(armed ? smp::rank() : -1, smp::WORLD)) failing_rank = std::max(failing_rank, r);
+          g_trip = Trip{armed, in_backward, 1};
+          auto train = testing::mse_step(model, 4);
+          const at::Tensor x = torch::randn({8, 6}, torch::kDouble), y = torch::randn({8, 4}, torch::kDouble);
+          const Outcome o = outcome_of([&] { train(x, y); });
+          g_trip = Trip{};
+          const std::string phase = std::string(in_backward ? "backward" : "forward");
+          const std::string context = std::string(pipeline) + ", " + std::to_string(p) + " stages, layer " +
+                                      std::to_string(at) + " fails in its " + phase;
+          if (smp::rank() == failing_rank) {
+            EXPECT_EQ(o.kind, "planted") << context << ": " << o.text;
+            EXPECT_CONTAINS(o.text, "planted failure in a layer's " + phase);
+          } else {
+            EXPECT_EQ(o.kind, "pipeline") << context << ": " << o.text;
+            EXPECT_CONTAINS(o.text, "smp::step: " + stage_name(failing, failing_rank) + " failed in the " + phase +
+                                        " of microbatch 1: planted failure in a layer's " + phase);
+            EXPECT_CONTAINS(o.text, "; this rank (" + stage_name(smp::mp_rank(), smp::rank()) + ") stops too");
+          }
+          ++cases;
+        }
+      // Nothing of the failed steps is left to match a later step's messages.
+      testing::PipelineRun run;
+      run.model = mlp();
+      run.microbatches = 4;
+      run.steps = 2;
+      EXPECT_EQ(testing::check_against_serial(run), "") << pipeline << ", " << p << " stages, after the failures";
+    }
+  }
+  if (mpi::world_size() > 1) EXPECT_GT(cases, 0);
+}
+
+// The step function itself fails on one stage: before the model in
+// microbatch 0 (the others wait in the step's first exchange), or in the
+// loss of microbatch 2 on the last stage (the others wait for a gradient or
+// at the step's end).
+TEST(PipelineErrors, StepFunctionFailsOnOneStage) {
+  torch::set_num_threads(1);
   const int n = mpi::world_size();
   if (n == 1) GTEST_SKIP() << "needs 2+ ranks";
-  init(n, "simple");
-  smp::DistributedModel model(testing::build_model(mlp()));
-  smp::StepOptions o;
-  o.microbatches = 2;
-  auto train = smp::step(
-      [&](at::Tensor x, at::Tensor y) {
-        const at::Tensor in = smp::mp_rank() == 1 ? x.narrow(0, 0, 1) : x;  // stage 1 drops a row
-        at::Tensor loss = torch::mse_loss(model(in), y);
-        model.backward(loss);
-        return loss;
-      },
-      o);
-  const at::Tensor x = torch::randn({4, 6}, torch::kDouble), y = torch::randn({4, 4}, torch::kDouble);
-  const int s = smp::mp_rank();
-  if (s == 0) {
-    EXPECT_CONTAINS(raised<DeadlineError>([&] { train(x, y); }), "receiving the output's shape from the last stage");
-  } else if (s == 1) {
-    EXPECT_CONTAINS(raised<smp::UsageError>([&] { train(x, y); }),
+  for (const char* pipeline : {"simple", "interleaved"}) {
+    init(n, pipeline);
+    smp::DistributedModel model(testing::build_model(mlp()));
+    for (int where : {0, 1}) {
+      const int failing = where == 0 ? (n > 2 ? 1 : 0) : n - 1;
+      const int mb = where == 0 ? 0 : 2;
+      smp::StepOptions o;
+      o.microbatches = 4;
+      auto train = smp::step(
+          [&](at::Tensor x, at::Tensor y) {
+            const bool trip = smp::mp_rank() == failing && smp::microbatch() == mb;
+            if (trip && where == 0) throw PlantedFailure("planted failure before the model");
+            at::Tensor out = model(x);
+            if (trip) throw PlantedFailure("planted failure in the loss");
+            at::Tensor loss = torch::mse_loss(out, y);
+            model.backward(loss);
+            return loss;
+          },
+          o);
+      const at::Tensor x = torch::randn({8, 6}, torch::kDouble), y = torch::randn({8, 4}, torch::kDouble);
+      const Outcome got = outcome_of([&] { train(x, y); });
+      const std::string what = where == 0 ? "planted failure before the model" : "planted failure in the loss";
+      if (smp::mp_rank() == failing) {
+        EXPECT_EQ(got.kind, "planted") << got.text;
+      } else {
+        EXPECT_EQ(got.kind, "pipeline") << pipeline << " " << what << ": " << got.text;
+        EXPECT_CONTAINS(got.text, stage_name(failing, failing) + " failed in the forward of microbatch " +
+                                      std::to_string(mb) + ": " + what);
+      }
+    }
+    // The same model still trains.
+    auto good = testing::mse_step(model, 4);
+    const at::Tensor x = torch::randn({8, 6}, torch::kDouble), y = torch::randn({8, 4}, torch::kDouble);
+    EXPECT_GT(good(x, y).reduce_mean().item<double>(), 0);
+  }
+}
+
+// The second line of defence: the stages agree on the step's arguments, but
+// a stage runs the model on an input of another shape. Stage 1 finds it in
+// the header and raises; every other rank hears of it and raises the same
+// class (smp::UsageError) naming stage 1 and the shapes, well before the
+// deadline.
+TEST(PipelineErrors, ModelInputOfAnotherShapeOnOneStage) {
+  torch::set_num_threads(1);
+  const int n = mpi::world_size();
+  if (n == 1) GTEST_SKIP() << "needs 2+ ranks";
+  for (const char* pipeline : {"simple", "interleaved"}) {
+    init(n, pipeline);
+    smp::DistributedModel model(testing::build_model(mlp()));
+    smp::StepOptions o;
+    o.microbatches = 2;
+    auto train = smp::step(
+        [&](at::Tensor x, at::Tensor y) {
+          const at::Tensor in = smp::mp_rank() == 1 ? x.narrow(0, 0, 1) : x;  // stage 1 drops a row
+          at::Tensor loss = torch::mse_loss(model(in), y);
+          model.backward(loss);
+          return loss;
+        },
+        o);
+    const at::Tensor x = torch::randn({4, 6}, torch::kDouble), y = torch::randn({4, 4}, torch::kDouble);
+    const Outcome got = outcome_of([&] { train(x, y); });
+    EXPECT_EQ(got.kind, "usage") << got.text;
+    EXPECT_CONTAINS(got.text,
                     "mismatched microbatch shapes: stage 0 ran the model on an input of shape [2, 6], this "
                     "stage was given [1, 6]");
-  } else {
-    EXPECT_CONTAINS(raised<smp::UsageError>([&] { train(x, y); }), "failed in its forward");
+    if (smp::mp_rank() != 1) {
+      EXPECT_CONTAINS(got.text, "smp::step: " + stage_name(1, 1) + " failed in the forward of microbatch 0: ");
+      EXPECT_CONTAINS(got.text, "; this rank (" + stage_name(smp::mp_rank(), smp::rank()) + ") stops too");
+    }
+    testing::PipelineRun run;
+    run.model = mlp();
+    run.microbatches = 2;
+    run.steps = 2;
+    EXPECT_EQ(testing::check_against_serial(run), "") << pipeline << ", after the failure";
   }
 }
 

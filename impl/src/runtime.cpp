@@ -24,6 +24,7 @@ WaitPolicy g_policy = WaitPolicy::Yield;
 double g_timeout = 0;  // seconds; 0 = no watchdog
 double g_deadline = 0;  // seconds; 0 = no deadline
 long g_deadline_misses = 0;
+const std::function<void()>* g_interrupt = nullptr;  // ScopedWaitInterrupt
 
 WaitPolicy policy_from_environment() {
   const char* env = std::getenv("PARTITA_WAIT");
@@ -117,7 +118,9 @@ void poll_until(Test&& done, const char* what, bool counts) {
   for (;;) {
     if (done()) return;
     if (g_policy == WaitPolicy::Yield) sched_yield();
-    if ((g_timeout > 0 || g_deadline > 0) && (++polls & 1023u) == 0) {
+    ++polls;
+    if (g_interrupt && (polls & 15u) == 0) (*g_interrupt)();
+    if ((g_timeout > 0 || g_deadline > 0) && (polls & 1023u) == 0) {
       const double waited = std::chrono::duration<double>(
                                 std::chrono::steady_clock::now() - start).count();
       if (g_deadline > 0 && waited > g_deadline) {
@@ -146,6 +149,11 @@ void poll(int n, MPI_Request* requests, const char* what) {
       what, true);
 }
 }  // namespace
+
+ScopedWaitInterrupt::ScopedWaitInterrupt(const std::function<void()>* check) : previous_(g_interrupt) {
+  g_interrupt = check;
+}
+ScopedWaitInterrupt::~ScopedWaitInterrupt() { g_interrupt = previous_; }
 
 void wait_until(const std::function<bool()>& ready, const char* what) {
   poll_until(ready, what, false);

@@ -36,6 +36,7 @@
 #include "partita/mpi/poll.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp/communicators.hpp"
+#include "partita/smp/message.hpp"
 #include "partita/smp/step.hpp"
 
 namespace partita::smp {
@@ -123,19 +124,96 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-constexpr int kActTag = 1400;
-constexpr int kHeaderTag = 1401;
-constexpr int kShapeTag = 1402;
+// Every message of a step has a tag of its step's number (the epoch, agreed
+// at smp::init, the same on every rank) and its kind, so that what a
+// failed step left unreceived never matches a later step's receive.
+// kAbort and kDone travel on smp's world communicator, beside smp's object
+// messages (tag 4004 = 4 mod 8, a kind that never goes there); kGrads on the
+// dp group's; the others on the mp group's.
+enum TagKind { kAct = 0, kHeader = 1, kShape = 2, kAbort = 3, kReturned = 4, kFingerprint = 5, kGrads = 6, kDone = 7 };
+constexpr int kTagBase = 1400;
+constexpr int kEpochs = 1 << 20;
 constexpr int64_t kMagic = 0x45504950;  // "PIPE"
 constexpr int kMaxDims = 12;
 constexpr int kHeaderWords = 6 + 2 * kMaxDims;  // magic, status, mb, dtype, ndim, dims, xndim, xdims
+
+// What a step has posted and not yet finished: the buffers must outlive
+// the requests. A failed step's are abandoned (kept for ever, requests
+// freed): MPI may still read or write them.
+struct InFlight {
+  std::deque<std::string> bytes;
+  std::deque<std::vector<int64_t>> words;
+  std::deque<at::Tensor> tensors;
+  std::vector<MPI_Request> requests;
+};
 
 struct StepState {
   int microbatches = 0;
   std::string fingerprint;
   DistributedModel::Impl* model = nullptr;
+  long epoch = 0;
+  MPI_Comm world = MPI_COMM_NULL;  // smp's, for kAbort and kDone
+  bool listening = false;          // pipelined: more than one rank
+  bool aborted = false;            // this rank raised because another failed
+  InFlight inflight;
+  std::function<void()> check;     // check_abort, for ScopedWaitInterrupt
+  std::unique_ptr<mpi::ScopedWaitInterrupt> interrupt;
 };
 StepState* g_step = nullptr;
+
+int tag_of(int kind) { return kTagBase + kind + 8 * static_cast<int>(g_step->epoch % kEpochs); }
+
+// Things a failed step leaves to MPI: never freed.
+std::vector<std::shared_ptr<void>>& abandoned() {
+  static auto* v = new std::vector<std::shared_ptr<void>>();
+  return *v;
+}
+template <typename T>
+void abandon(T&& x) {
+  abandoned().push_back(std::make_shared<std::decay_t<T>>(std::forward<T>(x)));
+}
+void abandon_in_flight(InFlight& f) {
+  for (auto& r : f.requests)
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  f.requests.clear();
+  abandon(std::move(f));
+  f = InFlight{};
+}
+
+void post_bytes(std::string bytes, MPI_Datatype type, int count_divisor, int dest, int tag, MPI_Comm comm) {
+  InFlight& f = g_step->inflight;
+  f.bytes.push_back(std::move(bytes));
+  MPI_Request r;
+  PARTITA_MPI_CHECK(MPI_Isend(f.bytes.back().data(), static_cast<int>(f.bytes.back().size()) / count_divisor, type,
+                              dest, tag, comm, &r));
+  f.requests.push_back(r);
+}
+
+std::string who() {
+  return "stage " + std::to_string(mp_rank()) + " of " + std::to_string(mp_size()) + ", world rank " +
+         std::to_string(rank());
+}
+
+// Another rank's notice that it failed in this step: raise it here.
+// 'U' (its error was an smp::UsageError) raises smp::UsageError, anything
+// else smp::PipelineError; the text names the failed stage and its error.
+void check_abort() {
+  if (!g_step || !g_step->listening) return;
+  int found = 0;
+  MPI_Message message = MPI_MESSAGE_NULL;
+  MPI_Status status;
+  PARTITA_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, tag_of(kAbort), g_step->world, &found, &message, &status));
+  if (!found) return;
+  int n = 0;
+  PARTITA_MPI_CHECK(MPI_Get_count(&status, MPI_CHAR, &n));
+  std::string text(static_cast<size_t>(n), '\0');
+  PARTITA_MPI_CHECK(MPI_Mrecv(text.data(), n, MPI_CHAR, &message, MPI_STATUS_IGNORE));
+  g_step->aborted = true;
+  const char code = text.empty() ? 'E' : text[0];
+  const std::string full = (text.empty() ? std::string() : text.substr(1)) + "; this rank (" + who() + ") stops too";
+  if (code == 'U') throw UsageError(full);
+  throw PipelineError(full);
+}
 
 std::string shape_text(at::IntArrayRef s) {
   std::ostringstream os;
@@ -178,6 +256,7 @@ void wait_for_neighbour(const std::function<bool()>& ready, const std::string& w
   mpi::wait_until(
       [&] {
         if (ready()) return true;
+        check_abort();
         if (sleepy && ++polls > 64) {
           const timespec t{0, nap};
           nanosleep(&t, nullptr);
@@ -186,6 +265,36 @@ void wait_for_neighbour(const std::function<bool()>& ready, const std::string& w
         return false;
       },
       what.c_str());
+}
+
+void wait_requests(std::vector<MPI_Request>& requests, const std::string& what) {
+  if (requests.empty()) return;
+  wait_for_neighbour(
+      [&] {
+        int done = 0;
+        PARTITA_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+        return done != 0;
+      },
+      what);
+}
+
+// A message of unknown size from `source`: probed for (listening), then
+// received.
+std::string receive_bytes(int source, int tag, MPI_Comm comm, const std::string& what) {
+  MPI_Message message = MPI_MESSAGE_NULL;
+  MPI_Status status;
+  wait_for_neighbour(
+      [&] {
+        int found = 0;
+        PARTITA_MPI_CHECK(MPI_Improbe(source, tag, comm, &found, &message, &status));
+        return found != 0;
+      },
+      what);
+  int n = 0;
+  PARTITA_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &n));
+  std::string bytes(static_cast<size_t>(n), '\0');
+  PARTITA_MPI_CHECK(MPI_Mrecv(bytes.data(), n, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+  return bytes;
 }
 
 MPI_Datatype grad_datatype(at::ScalarType t) {
@@ -217,6 +326,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   struct Mb {
     bool forwarded = false, backward_requested = false, done = false;
     mpi::WaitHandle send;        // stages before the last: the activation's isend
+    at::Tensor input;            // stages after the first: the received activation
     at::Tensor loss;             // the last stage: loss / microbatches
     at::Tensor target_tensor;    // the output (or stand-in) returned to the step
     std::shared_ptr<torch::autograd::Node> target;  // its node in the graph
@@ -224,8 +334,6 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     Clock::time_point input_grad_at{};  // when the backward reached this stage's input
   };
   std::vector<Mb> mbs;
-  std::deque<std::vector<int64_t>> sent_buffers;  // headers and shapes in flight
-  std::vector<MPI_Request> sent_requests;
   bool training = false;
   long steps_begun = 0;
   PipelineStats stats;
@@ -251,24 +359,46 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     step_started = false;
     if (stages == 1) return;
     // Every stage must be running the same step on the same batch.
+    // Stage 0 compares every stage's with its own, every other stage its
+    // own with stage 0's; a stage that matched stage 0 hears of another's
+    // mismatch from its notice (docs/pipeline.md). Point to point, tagged
+    // with the step: a collective left behind by a failed step would match
+    // the next step's.
     const std::string mine = "microbatches " + std::to_string(n) + ", split arguments " +
                              (st.fingerprint.empty() ? "none" : st.fingerprint);
-    const auto all = allgather(mine, MP_GROUP);
-    for (int s = 0; s < stages; ++s)
-      if (all[s] != all[0]) {
-        std::string text = "smp::step: the pipeline's stages were given different batches (mismatched "
-                           "microbatch shapes); every stage of a model replica must get the same inputs:";
-        for (int r = 0; r < stages; ++r) text += "\n  stage " + std::to_string(r) + ": " + all[r];
-        throw UsageError(text);
+    const int tag = tag_of(kFingerprint);
+    const std::string what = where(0) + ": comparing the step's arguments with stage 0's";
+    std::vector<std::pair<int, std::string>> differ;  // stage, its arguments
+    if (first()) {
+      for (int s = 1; s < stages; ++s) post_bytes(mine, MPI_BYTE, 1, s, tag, raw);
+      for (int s = 1; s < stages; ++s) {
+        std::string theirs = receive_bytes(s, tag, raw, what);
+        if (theirs != mine) differ.emplace_back(s, std::move(theirs));
       }
+    } else {
+      post_bytes(mine, MPI_BYTE, 1, 0, tag, raw);
+      const std::string zero = receive_bytes(0, tag, raw, what);
+      if (zero != mine) {
+        differ.emplace_back(stage, mine);
+        differ.insert(differ.begin(), {0, zero});
+      }
+    }
+    if (!differ.empty()) {
+      std::string text = "smp::step: the pipeline's stages were given different batches (mismatched "
+                         "microbatch shapes); every stage of a model replica must get the same inputs:";
+      if (first()) text += "\n  stage 0: " + mine;
+      for (const auto& [s, a] : differ) text += "\n  stage " + std::to_string(s) + ": " + a;
+      throw UsageError(text);
+    }
   }
 
-  void post(std::vector<int64_t> words, int dest, int tag) {
-    sent_buffers.push_back(std::move(words));
+  void post(std::vector<int64_t> words, int dest, int kind) {
+    InFlight& f = g_step->inflight;
+    f.words.push_back(std::move(words));
     MPI_Request r;
-    PARTITA_MPI_CHECK(MPI_Isend(sent_buffers.back().data(), static_cast<int>(sent_buffers.back().size()),
-                                MPI_INT64_T, dest, tag, raw, &r));
-    sent_requests.push_back(r);
+    PARTITA_MPI_CHECK(MPI_Isend(f.words.back().data(), static_cast<int>(f.words.back().size()), MPI_INT64_T, dest,
+                                tag_of(kind), raw, &r));
+    f.requests.push_back(r);
   }
 
   std::vector<int64_t> header(int64_t status, int mb, const at::Tensor& act, const at::Tensor& x) const {
@@ -298,7 +428,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
 
   // A small message from a neighbour: probed for first (so that a wait
   // ending at the deadline leaves no receive posted), then received.
-  std::vector<int64_t> receive_words(int count, int source, int tag, const std::string& what) {
+  std::vector<int64_t> receive_words(int count, int source, int kind, const std::string& what) {
+    const int tag = tag_of(kind);
     wait_for_neighbour(
         [&] {
           int flag = 0;
@@ -315,11 +446,9 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   // stage, checked against what this stage expects.
   at::Tensor receive(int mb, const at::Tensor& x) {
     const std::string what = where(mb) + ": receiving the activation from stage " + std::to_string(stage - 1);
-    std::vector<int64_t> h = receive_words(kHeaderWords, stage - 1, kHeaderTag, what);
+    std::vector<int64_t> h = receive_words(kHeaderWords, stage - 1, kHeader, what);
     if (h[0] != kMagic) throw UsageError(what + ": not a pipeline header");
-    if (h[1] != 0)
-      throw UsageError(what + ": stage " + std::to_string(stage - 1) +
-                       " failed in its forward (its error says why); this stage stops too");
+    if (h[1] != 0) throw UsageError(what + ": a header of unknown status " + std::to_string(h[1]));
     if (h[2] != mb)
       throw UsageError(what + ": stage " + std::to_string(stage - 1) + " sent microbatch " + std::to_string(h[2]) +
                        " where this stage runs microbatch " + std::to_string(mb) +
@@ -332,7 +461,11 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     const auto dtype = static_cast<at::ScalarType>(h[3]);
     at::Tensor buffer = at::empty(shape, at::TensorOptions().dtype(dtype));
     if (at::isFloatingType(dtype)) buffer.requires_grad_(true);
-    return comm.recv(buffer, stage - 1, kActTag);
+    // The activation follows its header at once: wait for it even if
+    // another stage fails meanwhile (an abandoned receive would write into
+    // freed memory); the deadline still bounds it.
+    mpi::ScopedWaitInterrupt deaf(nullptr);
+    return comm.recv(buffer, stage - 1, tag_of(kAct));
   }
 
   // Stages before the last: the output's dtype and shape for this input.
@@ -340,7 +473,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     const auto key = key_of(x);
     auto it = out_shapes.find(key);
     if (it != out_shapes.end()) return it->second;
-    std::vector<int64_t> words = receive_words(2 + kMaxDims, stages - 1, kShapeTag,
+    std::vector<int64_t> words = receive_words(2 + kMaxDims, stages - 1, kShape,
                                                where(mb) + ": receiving the output's shape from the last stage");
     words.resize(2 + words[1]);
     out_shapes.emplace(key, words);
@@ -352,6 +485,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     Mb& m = mbs[mb];
     const auto t0 = Clock::now();
     at::Tensor h = first() ? x : receive(mb, x);
+    if (!first()) m.input = h;
     const auto t1 = Clock::now();
     if (!first() && h.requires_grad()) {
       // When the gradient of the received activation is ready, the stage's
@@ -382,7 +516,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         std::vector<int64_t> words{static_cast<int64_t>(h.scalar_type()), h.dim()};
         for (int64_t s : h.sizes()) words.push_back(s);
         words.resize(2 + kMaxDims, 0);
-        for (int s = 0; s + 1 < stages; ++s) post(words, s, kShapeTag);
+        for (int s = 0; s + 1 < stages; ++s) post(words, s, kShape);
         out_shapes.emplace(key_of(x), std::vector<int64_t>(words.begin(), words.begin() + 2 + h.dim()));
       }
       m.target_tensor = h;
@@ -392,8 +526,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     if (h.dim() > kMaxDims) throw UsageError(where(mb) + ": an activation of more than 12 dimensions");
     // The gradient must come back even through a stage without parameters.
     if (!h.requires_grad() && at::isFloatingType(h.scalar_type())) h = h.detach().requires_grad_(true);
-    post(header(0, mb, h, x), stage + 1, kHeaderTag);
-    m.send = comm.isend(h, stage + 1, kActTag);
+    post(header(0, mb, h, x), stage + 1, kHeader);
+    m.send = comm.isend(h, stage + 1, tag_of(kAct));
     const std::vector<int64_t> o = output_shape(mb, x);
     at::Tensor stand_in = at::zeros(std::vector<int64_t>(o.begin() + 2, o.end()),
                                     at::TensorOptions().dtype(static_cast<at::ScalarType>(o[0])));
@@ -447,7 +581,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         // Wait for the next stage's gradient first, so that the time spent
         // waiting is not counted as work.
         const auto t0 = Clock::now();
-        const int tag = kActTag + comm.max_tag();
+        const int tag = tag_of(kAct) + comm.max_tag();
         const int peer = stage + 1;
         wait_for_neighbour(
             [&] {
@@ -468,6 +602,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     }
     m.done = true;
     m.send = mpi::WaitHandle();
+    m.input = at::Tensor();
     m.loss = at::Tensor();
     m.target_tensor = at::Tensor();
     m.target.reset();
@@ -489,14 +624,44 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       std::vector<at::Tensor> flat;
       for (auto& p : params) flat.push_back(p.grad().defined() ? p.grad().reshape(-1) : at::zeros({p.numel()}, p.options()));
       at::Tensor buf = at::cat(flat).contiguous();
-      MPI_Request r;
-      PARTITA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), static_cast<int>(buf.numel()),
-                                       grad_datatype(type), MPI_SUM, communicator(DP_GROUP), &r));
-      mpi::wait(r, "smp::DistributedModel: the dp all-reduce of the gradients");
-      buf.div_(static_cast<double>(dp));
+      // Point to point, tagged with the step (a collective left behind by a
+      // failed step would match the next step's): every replica sends its
+      // gradients to every other and each adds them in dp-rank order, so
+      // all replicas get the same bits.
+      const MPI_Comm dpc = communicator(DP_GROUP);
+      const int me = dp_rank(), tag = tag_of(kGrads);
+      const int count = static_cast<int>(buf.numel());
+      InFlight& f = g_step->inflight;
+      std::vector<MPI_Request> requests;
+      std::vector<at::Tensor> got(dp);
+      for (int r = 0; r < dp; ++r) {
+        if (r == me) continue;
+        got[r] = at::empty_like(buf);
+        f.tensors.push_back(got[r]);
+        MPI_Request q;
+        PARTITA_MPI_CHECK(MPI_Irecv(got[r].data_ptr(), count, grad_datatype(type), r, tag, dpc, &q));
+        requests.push_back(q);
+      }
+      f.tensors.push_back(buf);
+      for (int r = 0; r < dp; ++r) {
+        if (r == me) continue;
+        MPI_Request q;
+        PARTITA_MPI_CHECK(MPI_Isend(buf.data_ptr(), count, grad_datatype(type), r, tag, dpc, &q));
+        requests.push_back(q);
+      }
+      try {
+        wait_requests(requests, where(0) + ": the dp average of the gradients");
+      } catch (...) {
+        f.requests.insert(f.requests.end(), requests.begin(), requests.end());  // abandoned with the step
+        throw;
+      }
+      got[me] = buf;
+      at::Tensor sum = got[0].clone();
+      for (int r = 1; r < dp; ++r) sum.add_(got[r]);
+      sum.div_(static_cast<double>(dp));
       int64_t at_ = 0;
       for (auto& p : params) {
-        at::Tensor g = buf.narrow(0, at_, p.numel()).view(p.sizes());
+        at::Tensor g = sum.narrow(0, at_, p.numel()).view(p.sizes());
         at_ += p.numel();
         if (p.grad().defined()) p.mutable_grad().copy_(g);
         else p.mutable_grad() = g.clone();
@@ -505,18 +670,17 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   }
 
   void finish(const std::vector<at::Tensor*>& returned) {
-    mpi::wait_all(sent_requests, "smp::DistributedModel: headers to the neighbouring stages");
-    sent_requests.clear();
-    sent_buffers.clear();
     if (stages > 1) {
       // The last stage's returned tensors, every microbatch's in order.
+      const int tag = tag_of(kReturned);
       if (last()) {
         std::vector<at::Tensor> mine;
         for (at::Tensor* t : returned) mine.push_back(t->defined() ? t->detach() : *t);
-        broadcast(c10::IValue(c10::List<at::Tensor>(mine)), MP_GROUP);
+        const std::string bytes = message::encode_ivalue(c10::IValue(c10::List<at::Tensor>(mine)));
+        for (int s = 0; s + 1 < stages; ++s) post_bytes(bytes, MPI_BYTE, 1, s, tag, raw);
       } else {
-        const c10::IValue got = recv_from(stages - 1, MP_RANK);
-        const auto list = got.toTensorVector();
+        const std::string bytes = receive_bytes(stages - 1, tag, raw, where(0) + ": receiving the returned values from the last stage");
+        const auto list = message::decode_ivalue(bytes.data(), bytes.size()).toTensorVector();
         if (list.size() != returned.size())
           throw UsageError("smp::step: the last stage returned " + std::to_string(list.size()) +
                            " tensors, stage " + std::to_string(stage) + " " + std::to_string(returned.size()) +
@@ -525,6 +689,40 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       }
     }
     if (training) all_reduce_gradients();
+    end_agreement();
+    wait_requests(g_step->inflight.requests, where(0) + ": messages to the other stages");
+    g_step->inflight = InFlight{};
+  }
+
+  // No rank returns from a pipelined step until every rank got this far:
+  // world rank 0 collects an "ok" from every other and answers each. A
+  // rank that failed sends its notice instead, which every rank waiting
+  // here hears (docs/pipeline.md).
+  void end_agreement() {
+    if (!g_step->listening) return;
+    const int n = size(), me = rank(), tag = tag_of(kDone);
+    const std::string what = who() + ": the end of the step (every rank's agreement that it succeeded)";
+    InFlight& f = g_step->inflight;
+    const std::string ok(8, '\1');
+    if (me == 0) {
+      std::vector<MPI_Request> requests;
+      for (int r = 1; r < n; ++r) {
+        f.bytes.push_back(std::string(8, '\0'));
+        MPI_Request q;
+        PARTITA_MPI_CHECK(MPI_Irecv(f.bytes.back().data(), 8, MPI_BYTE, r, tag, g_step->world, &q));
+        requests.push_back(q);
+      }
+      try {
+        wait_requests(requests, what);
+      } catch (...) {
+        f.requests.insert(f.requests.end(), requests.begin(), requests.end());
+        throw;
+      }
+      for (int r = 1; r < n; ++r) post_bytes(ok, MPI_BYTE, 1, r, tag, g_step->world);
+    } else {
+      post_bytes(ok, MPI_BYTE, 1, 0, tag, g_step->world);
+      receive_bytes(0, tag, g_step->world, what);
+    }
   }
 };
 
@@ -588,18 +786,7 @@ at::Tensor DistributedModel::operator()(const at::Tensor& x) {
     throw UsageError("smp::DistributedModel: called twice in microbatch " + std::to_string(mb) +
                      " (once per microbatch)");
   if (!x.defined()) throw UsageError("smp::DistributedModel: the input is an undefined tensor");
-  try {
-    return impl_->forward(mb, x);
-  } catch (...) {
-    // Downstream stages would wait for this activation: tell them.
-    if (!impl_->last()) {
-      try {
-        impl_->post(impl_->header(1, mb, at::Tensor(), at::Tensor()), impl_->stage + 1, kHeaderTag);
-      } catch (...) {
-      }
-    }
-    throw;
-  }
+  return impl_->forward(mb, x);  // a failure reaches the other stages through PipelineStep::fail
 }
 
 void DistributedModel::backward(const at::Tensor& loss) {
@@ -646,17 +833,68 @@ PipelineStep::PipelineStep(int microbatches, std::string fingerprint) {
                               pipelined ? mp_rank() : 0, pipelined ? mp_size() : 1, microbatches);
   for (const auto& a : order) actions_.push_back(a.kind == PipelineAction::kForward ? a.microbatch : -a.microbatch - 1);
   g_step = new StepState{microbatches, std::move(fingerprint), nullptr};
+  if (pipelined && size() > 1) {
+    g_step->epoch = next_step_number();
+    g_step->world = communicator(WORLD);
+    g_step->listening = true;
+    g_step->check = [] { check_abort(); };
+    g_step->interrupt = std::make_unique<mpi::ScopedWaitInterrupt>(&g_step->check);
+  }
 }
 
 PipelineStep::~PipelineStep() {
-  if (g_step && g_step->model && !finished_) {
-    // A step that threw: drop the microbatches' graphs and handles.
-    g_step->model->mbs.clear();
-    g_step->model->sent_buffers.clear();
-    g_step->model->sent_requests.clear();
-  }
+  if (!finished_ && !failed_) fail(nullptr);  // (an exception that bypassed Step's catch)
+  g_step->interrupt.reset();
   delete g_step;
   g_step = nullptr;
+}
+
+void PipelineStep::fail(std::exception_ptr error) noexcept {
+  if (failed_ || !g_step) return;
+  failed_ = true;
+  try {
+    if (g_step->listening && !g_step->aborted) {
+      // The notice: 'U' when the error is an smp::UsageError (the others
+      // raise one too), else 'E'; then what failed where.
+      char code = 'E';
+      std::string cause = "an error";
+      try {
+        if (error) std::rethrow_exception(error);
+      } catch (const UsageError& e) {
+        code = 'U';
+        cause = e.what();
+      } catch (const std::exception& e) {
+        cause = e.what();
+      } catch (...) {
+        cause = "an exception that is not a std::exception";
+      }
+      if (cause.size() > 3000) cause = cause.substr(0, 3000) + "...";
+      std::string phase = current_ == kFinish ? std::string("the end of the step")
+                          : current_ >= 0     ? "the forward of microbatch " + std::to_string(current_)
+                                              : "the backward of microbatch " + std::to_string(-current_ - 1);
+      const std::string text =
+          code + std::string("smp::step: ") + who() + " failed in " + phase + ": " + cause;
+      const int n = size(), me = rank(), tag = tag_of(kAbort);
+      for (int r = 0; r < n; ++r)
+        if (r != me) post_bytes(text, MPI_CHAR, 1, r, tag, g_step->world);
+    }
+  } catch (...) {
+  }
+  // Leave nothing that a later step could match or that MPI may still use:
+  // the step's messages are abandoned with their buffers, the model's
+  // microbatches (their graphs hold the activations' sends and receives)
+  // too, and the cached output shapes forgotten (the last stage may have
+  // sent one that this stage never received; every stage of a failed step
+  // forgets them alike).
+  try {
+    abandon_in_flight(g_step->inflight);
+    if (DistributedModel::Impl* m = g_step->model) {
+      abandon(std::move(m->mbs));
+      m->mbs.clear();
+      m->out_shapes.clear();
+    }
+  } catch (...) {
+  }
 }
 
 void PipelineStep::after_forward(int mb, const std::vector<at::Tensor>& returned) {

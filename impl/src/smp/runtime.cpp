@@ -30,6 +30,7 @@ struct State {
   std::unique_ptr<Layout> layout;
   int rank = 0, size = 1, local_rank = 0, local_size = 1;
   MPI_Comm world = MPI_COMM_NULL, mp = MPI_COMM_NULL, dp = MPI_COMM_NULL;
+  long steps = 0;  // next_step_number()
 };
 
 State& state() {
@@ -133,6 +134,8 @@ void init(const Config& config) {
   MPI_Comm_free(&local);
   MPI_Comm_set_errhandler(s.mp, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(s.dp, MPI_ERRORS_RETURN);
+  PARTITA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &s.steps, 1, MPI_LONG, MPI_MAX, s.world, &req));
+  mpi::wait(req, "smp::init (agreeing on the pipeline's step number)");
   s.initialized = true;
 }
 
@@ -189,6 +192,8 @@ MPI_Comm communicator(CommGroup group) {
   }
   throw UsageError("smp::communicator: unknown CommGroup " + std::to_string(static_cast<int>(group)));
 }
+
+long next_step_number() { return state().steps++; }
 
 void barrier(CommGroup group) {
   const MPI_Comm comm = communicator(group);

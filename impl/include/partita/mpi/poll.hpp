@@ -14,4 +14,21 @@ namespace partita::mpi {
 // deadline_misses() and needs no renew_world().
 void wait_until(const std::function<bool()>& ready, const char* what);
 
+// While one is alive, every partita wait on this process (wait, wait_all,
+// wait_until) also calls `check` every 16 tests; `check` may throw to end
+// the wait. What the wait was finishing is abandoned, as at a deadline (the
+// caller keeps its buffers alive). The pipeline's step uses it to hear that
+// another stage failed (docs/pipeline.md). Scopes nest; the innermost wins.
+// ScopedWaitInterrupt(nullptr) turns checking off for its scope.
+class ScopedWaitInterrupt {
+ public:
+  explicit ScopedWaitInterrupt(const std::function<void()>* check);
+  ~ScopedWaitInterrupt();
+  ScopedWaitInterrupt(const ScopedWaitInterrupt&) = delete;
+  ScopedWaitInterrupt& operator=(const ScopedWaitInterrupt&) = delete;
+
+ private:
+  const std::function<void()>* previous_;
+};
+
 }  // namespace partita::mpi

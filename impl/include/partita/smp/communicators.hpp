@@ -13,6 +13,12 @@ namespace partita::smp {
 // Throws UsageError before init.
 MPI_Comm communicator(CommGroup group);
 
+// The pipeline's step number (docs/pipeline.md): one more at every call,
+// the same sequence on every rank. smp::init agrees on where it continues
+// (the largest any rank reached), so that a step never reuses an earlier
+// step's number, even on a communicator MPI built from a freed one's.
+long next_step_number();
+
 }  // namespace partita::smp
 
 namespace partita::smp {

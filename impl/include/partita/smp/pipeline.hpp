@@ -40,6 +40,15 @@
 
 namespace partita::smp {
 
+// Raised on every other rank when a rank of a pipelined step fails with an
+// error that is not an smp::UsageError (an exception in a layer's forward or
+// backward, a missed deadline, ...): names the failed stage, where it
+// failed and its error (docs/pipeline.md, "Errors"). A failed
+// smp::UsageError is raised as an smp::UsageError on every rank.
+struct PipelineError : Error {
+  using Error::Error;
+};
+
 enum class Pipeline { kSimple, kInterleaved };
 // "simple" / "interleaved" (the Config's pipeline field); ConfigError otherwise.
 Pipeline pipeline_from_name(const std::string& name);

@@ -33,7 +33,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -322,12 +324,23 @@ class PipelineStep {
   void after_forward(int mb, const std::vector<at::Tensor>& returned);
   void backward(int mb);
   // The last stage's returned tensors replace this stage's (every
-  // microbatch's, in order); then the dp all-reduce. Every stage calls it.
+  // microbatch's, in order); then the dp average of the gradients and the
+  // step's end agreement. Every stage calls it.
   void finish(const std::vector<at::Tensor*>& returned);
+  // What the step runs now (an action as above, or kFinish): named in the
+  // message the other stages get if this rank fails.
+  static constexpr int kFinish = std::numeric_limits<int>::min();
+  void enter(int action) { current_ = action; }
+  // The step threw on this rank: unless the error came from another rank's
+  // failure, tell every other rank (docs/pipeline.md, "Errors"); leave
+  // nothing posted that a later step could match. Never throws.
+  void fail(std::exception_ptr error) noexcept;
 
  private:
   std::vector<int> actions_;
+  int current_ = 0;
   bool finished_ = false;
+  bool failed_ = false;
 };
 }  // namespace detail
 
@@ -356,36 +369,47 @@ class Step {
       EachTensor<std::decay_t<decltype(value)>>::visit(value, add);
       return out;
     };
-    if constexpr (std::is_void_v<R>) {
-      for (int a : pipe.actions()) {
-        if (a < 0) {
-          pipe.backward(-a - 1);
-          continue;
+    // A rank that fails tells the others (pipe.fail), so that in a
+    // pipeline every rank raises instead of waiting for it.
+    try {
+      if constexpr (std::is_void_v<R>) {
+        for (int a : pipe.actions()) {
+          pipe.enter(a);
+          if (a < 0) {
+            pipe.backward(-a - 1);
+            continue;
+          }
+          run(a);
+          pipe.after_forward(a, {});
         }
-        run(a);
-        pipe.after_forward(a, {});
-      }
-      pipe.finish({});
-    } else {
-      std::vector<std::optional<R>> slots(n);
-      for (int a : pipe.actions()) {
-        if (a < 0) {
-          pipe.backward(-a - 1);
-          continue;
+        pipe.enter(detail::PipelineStep::kFinish);
+        pipe.finish({});
+      } else {
+        std::vector<std::optional<R>> slots(n);
+        for (int a : pipe.actions()) {
+          pipe.enter(a);
+          if (a < 0) {
+            pipe.backward(-a - 1);
+            continue;
+          }
+          slots[a].emplace(run(a));
+          std::vector<at::Tensor> returned;
+          for (at::Tensor* t : tensors(*slots[a])) returned.push_back(*t);
+          pipe.after_forward(a, returned);
         }
-        slots[a].emplace(run(a));
-        std::vector<at::Tensor> returned;
-        for (at::Tensor* t : tensors(*slots[a])) returned.push_back(*t);
-        pipe.after_forward(a, returned);
+        pipe.enter(detail::PipelineStep::kFinish);
+        std::vector<R> per_mb;
+        per_mb.reserve(n);
+        for (auto& s : slots) per_mb.push_back(std::move(*s));
+        std::vector<at::Tensor*> all;
+        for (auto& r : per_mb)
+          for (at::Tensor* t : tensors(r)) all.push_back(t);
+        pipe.finish(all);
+        return Collect<R>::make(std::move(per_mb), o_.detach_outputs);
       }
-      std::vector<R> per_mb;
-      per_mb.reserve(n);
-      for (auto& s : slots) per_mb.push_back(std::move(*s));
-      std::vector<at::Tensor*> all;
-      for (auto& r : per_mb)
-        for (at::Tensor* t : tensors(r)) all.push_back(t);
-      pipe.finish(all);
-      return Collect<R>::make(std::move(per_mb), o_.detach_outputs);
+    } catch (...) {
+      pipe.fail(std::current_exception());
+      throw;
     }
   }
 
