@@ -3,16 +3,18 @@
 // activations forward and gradients back through the differentiable
 // communicator, and smp::step's per-call state (detail::PipelineStep).
 //
-// Messages between neighbouring stages, all on the mp group's communicator:
-//   kHeaderTag  a fixed-size int64 header before every activation: the
-//               microbatch, the activation's dtype and shape and the shape
-//               of the x stage 0 was given, or a "poison" status when the
-//               sender failed in its forward (so downstream stages raise
-//               instead of waiting);
-//   kActTag     the activation, Communicator::isend/irecv (the gradient
-//               comes back on kActTag + max_tag, the communicator's adjoint);
-//   kShapeTag   the last stage tells every other stage the output's shape
-//               and dtype, once per model input shape (their stand-in).
+// Messages (docs/pipeline.md has the table; every tag carries the step's
+// number, see TagKind), mostly between neighbouring stages on the mp group's
+// communicator:
+//   kHeader   a fixed-size int64 header before every activation: the
+//             microbatch, the activation's dtype and shape and the shape of
+//             the x stage 0 was given;
+//   kAct      the activation, Communicator::isend/irecv (the gradient comes
+//             back on kAct + max_tag, the communicator's adjoint);
+//   kShape    the last stage tells every other stage the output's shape and
+//             dtype, once per model input shape (their stand-in);
+//   kAbort    a rank whose step failed tells every other (smp's world), and
+//             every wait inside the step listens for it.
 // A stage's forward send is not waited on until its backward: with
 // rendezvous-sized activations a 1F1B stage would otherwise block in F(i+w)
 // while its successor blocks sending it the gradient of B(i).

@@ -23,7 +23,7 @@
 // backward) or "interleaved" (1F1B). On every stage but the last, model(x)
 // returns a stand-in of the output's shape (zeros): the step's returned
 // tensors are replaced by the last stage's after the step. With dp_size > 1
-// the replicas average their gradients (one all-reduce over the dp group at
+// the replicas average their gradients (point to point over the dp group at
 // the end of the step).
 #pragma once
 
