@@ -103,6 +103,109 @@ std::pair<int64_t, int64_t> piece(int64_t total, int64_t n, int64_t j) {
   return {local_start(total, n, j), local_length(total, n, j)};
 }
 
+// y = x W^T + b for a W (out x in) given as its column blocks: `blocks`
+// holds W[:, c_j : c_j + k_j] (k_j = widths[j], c_j their running sum), each
+// [out, k_j] row-major, one after the other. This is how the ZeRO-3
+// all-gather layer receives W_m: every worker's stored shard is such a block,
+// so the all-gather of the flattened shards delivers them without staging or
+// reordering, and the GEMMs read them in place (docs/linear.md, "What the
+// ZeRO-3 all-gather layer does differently"). A local operation (no
+// communication): with its own autograd node so that dW is written block by
+// block into one buffer of the same layout, which the all-gather's adjoint
+// reduce-scatters as it is. `b` is the bias, or an empty tensor for none.
+//
+// float32 and float64 run one GEMM per block, accumulating into y and
+// writing dx's column blocks in place. Other dtypes accumulate in their own
+// precision (bfloat16 would round y once per block), so they assemble W with
+// one copy and run torch's GEMMs on it: the composed layer's arithmetic.
+struct ColumnBlockLinear : torch::autograd::Function<ColumnBlockLinear> {
+  static bool blocked(const at::Tensor& x) {
+    return x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
+  }
+  // Block j of W as an [out, k_j] view of `blocks`, from column c_j.
+  template <typename Each>
+  static void for_blocks(const at::Tensor& blocks, int64_t out, const std::vector<int64_t>& widths,
+                         Each each) {
+    int64_t col = 0, at_ = 0;
+    for (size_t j = 0; j < widths.size(); ++j) {
+      each(j, col, widths[j], blocks.narrow(0, at_, out * widths[j]).view({out, widths[j]}));
+      col += widths[j];
+      at_ += out * widths[j];
+    }
+  }
+  static at::Tensor assemble(const at::Tensor& blocks, int64_t out, const std::vector<int64_t>& widths) {
+    std::vector<at::Tensor> parts;
+    for_blocks(blocks, out, widths, [&](size_t, int64_t, int64_t, at::Tensor w) { parts.push_back(w); });
+    return at::cat(parts, 1);
+  }
+
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& blocks, const at::Tensor& b, int64_t out,
+                            std::vector<int64_t> widths) {
+    int64_t in = 0;
+    for (int64_t k : widths) in += k;
+    ctx->save_for_backward({x, blocks});
+    ctx->saved_data["out"] = out;
+    ctx->saved_data["widths"] = widths;
+    std::vector<int64_t> y_sizes = x.sizes().vec();
+    y_sizes.back() = out;
+    const at::Tensor x2 = x.reshape({-1, in});
+    const at::Tensor bias = b.numel() > 0 ? b : at::Tensor();
+    if (!blocked(x)) return at::linear(x2, assemble(blocks, out, widths), bias).view(y_sizes);
+    at::Tensor y2 = at::empty({x2.size(0), out}, x.options());
+    for_blocks(blocks, out, widths, [&](size_t j, int64_t col, int64_t k, at::Tensor w) {
+      const at::Tensor xj = x2.narrow(1, col, k);  // strided columns: a valid GEMM operand
+      if (j > 0) y2.addmm_(xj, w.t());
+      else if (b.numel() > 0) at::addmm_out(y2, b, xj, w.t());
+      else at::mm_out(y2, xj, w.t());
+    });
+    return y2.view(y_sizes);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& blocks = saved[1];
+    const int64_t out = ctx->saved_data["out"].toInt();
+    const std::vector<int64_t> widths = ctx->saved_data["widths"].toIntVector();
+    int64_t in = 0;
+    for (int64_t k : widths) in += k;
+    const at::Tensor x2 = x.reshape({-1, in});
+    const at::Tensor gy = grads[0].reshape({-1, out}).contiguous();
+    at::Tensor dx, dblocks, db;
+    if (!blocked(x)) {
+      const at::Tensor W = assemble(blocks, out, widths);
+      if (ctx->needs_input_grad(0)) dx = at::mm(gy, W).view(x.sizes());
+      if (ctx->needs_input_grad(1)) {
+        const at::Tensor dW = at::mm(gy.t(), x2);
+        dblocks = at::empty_like(blocks);
+        for_blocks(dblocks, out, widths, [&](size_t, int64_t col, int64_t k, at::Tensor w) {
+          w.copy_(dW.narrow(1, col, k));
+        });
+      }
+    } else {
+      if (ctx->needs_input_grad(0)) {
+        at::Tensor dx2 = at::empty({x2.size(0), in}, x.options());
+        for_blocks(blocks, out, widths, [&](size_t, int64_t col, int64_t k, at::Tensor w) {
+          at::Tensor dxj = dx2.narrow(1, col, k);  // dx's columns of block j, in place
+          at::mm_out(dxj, gy, w);
+        });
+        dx = dx2.view(x.sizes());
+      }
+      if (ctx->needs_input_grad(1)) {
+        dblocks = at::empty_like(blocks);
+        const at::Tensor gyt = gy.t();
+        for_blocks(dblocks, out, widths, [&](size_t, int64_t col, int64_t k, at::Tensor w) {
+          at::mm_out(w, gyt, x2.narrow(1, col, k));
+        });
+      }
+    }
+    if (ctx->needs_input_grad(2)) db = gy.sum(0);
+    return {dx, dblocks, db, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 // --- DistributedLinearBase ---------------------------------------------------
@@ -296,6 +399,7 @@ struct DistributedLinearAllGatherImpl::Parts {
   mpi::Partition P_y, P_x;
   Broadcast broadcast_w{nullptr};          // standard data parallelism
   AllGather gather_w{nullptr}, gather_b{nullptr};  // ZeRO-3
+  std::vector<int64_t> shard_widths;               // ZeRO-3: W_m's column blocks
   AllGather gather_x{nullptr};
   bool separate = false;
 };
@@ -360,9 +464,13 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
   std::swap(apply_shape[d - 1], apply_shape[d - 2]);
   const auto P_apply = cartesian_of(P_y.workers(), apply_shape);
   if (zero) {
-    // Shards of W_m along its input features and of b_m, over axis 0.
-    p_->gather_w = AllGather(P_apply, 0, 1);
+    // Shards of W_m along its input features and of b_m, over axis 0. Each
+    // shard is a contiguous [out_m, k_d] block of W_m's columns: they are
+    // gathered flattened, one block after the other (a 1-D gather, which
+    // moves them as they are), and the local linear reads W_m block by block.
+    p_->gather_w = AllGather(P_apply, 0, 0);
     p_->gather_b = AllGather(P_apply, 0, 0);
+    for (int64_t j = 0; j < P_y.shape()[0]; ++j) p_->shard_widths.push_back(local_length(in, P_y.shape()[0], j));
   } else {
     // Stored on the first data-parallel copy (1 x ... x M x 1), broadcast to
     // the others in the forward; the adjoint sums the copies' gradients.
@@ -419,8 +527,12 @@ torch::Tensor DistributedLinearAllGatherImpl::forward(const torch::Tensor& x) {
   const at::Tensor xg = p_->gather_x(x);
   at::Tensor W, b;
   if (p_->zero) {
-    W = p_->gather_w(weight_);
+    // W_m as its column blocks in data-parallel order: the composed
+    // all-gather along dimension 1 without assembling W_m.
+    const at::Tensor blocks = p_->gather_w(weight_.reshape({-1}));
     if (l.bias) b = p_->gather_b(bias_);
+    // (No bias: an empty tensor, as torch's custom functions take no undefined input.)
+    return ColumnBlockLinear::apply(xg, blocks, l.bias ? b : nothing(l.dtype), l.w_rn, p_->shard_widths);
   } else {
     W = share(p_->broadcast_w, weight_, l.owns_weight, l.dtype);
     if (l.bias) b = share(p_->broadcast_w, bias_, l.owns_bias, l.dtype);
