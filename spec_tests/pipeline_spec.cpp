@@ -60,10 +60,10 @@ TEST(Pipeline, BalancedSplitByHand) {
                   "2 layers, fewer than the 3 pipeline stages");
 }
 
-// Partition counts of this world among 1, 2, 4.
+// Partition counts of this world among 1, 2, 4, 8.
 std::vector<int> partition_counts() {
   std::vector<int> out;
-  for (int p : {1, 2, 4})
+  for (int p : {1, 2, 4, 8})
     if (mpi::world_size() % p == 0) out.push_back(p);
   return out;
 }
@@ -77,6 +77,7 @@ void init(int partitions, const std::string& pipeline) {
 
 testing::ModelSpec mlp() { return {false, {6, 12, 10, 12, 9, 12, 4}, 11}; }          // 11 layers
 testing::ModelSpec blocks() { return {true, {6, 8, 16, 12, 16, 5}, 12}; }            // 6 layers
+testing::ModelSpec blocks8() { return {true, {6, 8, 16, 12, 16, 12, 16, 5}, 12}; }    // 8 layers, for 8 stages
 
 // The central check of issue 14.
 TEST(Pipeline, EqualsOneProcessOnTheWholeBatch) {
@@ -85,7 +86,7 @@ TEST(Pipeline, EqualsOneProcessOnTheWholeBatch) {
   for (int p : partition_counts())
     for (const char* pipeline : {"simple", "interleaved"}) {
       init(p, pipeline);
-      for (const auto& spec : {mlp(), blocks()})
+      for (const auto& spec : {mlp(), p == 8 ? blocks8() : blocks()})
         for (int m : {1, 2, 4, 8}) {
           testing::PipelineRun run;
           run.model = spec;
@@ -106,9 +107,11 @@ TEST(Pipeline, ExplicitSplitPoints) {
     if (p == 1) continue;
     init(p, "interleaved");
     testing::PipelineRun run;
-    run.model = blocks();
+    run.model = p == 8 ? mlp() : blocks();
     run.microbatches = 4;
-    run.split_points = p == 2 ? std::vector<int>{1} : std::vector<int>{1, 2, 5};
+    run.split_points = p == 2   ? std::vector<int>{1}
+                       : p == 4 ? std::vector<int>{1, 2, 5}
+                                : std::vector<int>{1, 2, 5, 6, 7, 9, 10};
     smp::PipelineStats stats;
     EXPECT_EQ(testing::check_against_serial(run, 1e-10, &stats), "") << run;
     EXPECT_EQ(stats.forwards, 4);
