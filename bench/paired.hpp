@@ -80,8 +80,14 @@ inline double median(std::vector<double> v) {
 // machine, runs minutes apart differ by more than the overhead measured.
 // The benchmark's time is partita's; counters: mpi_us and partita_us
 // (medians over the iterations) and ratio = partita_us / mpi_us.
-template <typename Ours, typename Raw>
-void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw) {
+// `prepare`, when given, runs before each of partita's calls, untimed (e.g.
+// to make the input an in-place call consumes).
+struct NoPrepare {
+  void operator()() const {}
+};
+template <typename Ours, typename Raw, typename Prepare = NoPrepare>
+void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw,
+            Prepare&& prepare = {}) {
   std::vector<double> t_ours, t_raw;
   bool raw_first = true;
   long faults = 0, calls = 0;  // minor page faults in partita's calls
@@ -103,8 +109,10 @@ void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw)
     double a, b;
     if (raw_first) {
       a = once(raw);
+      prepare();
       b = once(ours);
     } else {
+      prepare();
       b = once(ours);
       a = once(raw);
     }

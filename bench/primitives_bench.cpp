@@ -263,6 +263,84 @@ void halo_exchange_fwd(benchmark::State& s) {
   });
 }
 
+// ---- halo exchange in place (DistDL's form, halo_exchange_; issue 15) ----
+// The same exchange without the copy of the window: the twin is unchanged.
+struct HaloBench {
+  std::unique_ptr<partita::nn::HaloExchange> layer;
+  int up = MPI_PROC_NULL, down = MPI_PROC_NULL;
+  HaloBench() {
+    const int p = world_size(), me = world_rank();
+    layer = std::make_unique<partita::nn::HaloExchange>(
+        partita::mpi::Partition::world().create_cartesian_topology_partition({p, 1}),
+        partita::Shape{1, 0}, partita::Shape{1, 0},
+        partita::nn::HaloExchangeImpl::Storage::kInPlace);
+    if (me > 0) up = me - 1;
+    if (me + 1 < p) down = me + 1;
+  }
+  // The hand-written exchange on rows of `w` (halo_exchange_fwd's twin).
+  void raw(float* row, int64_t cols) const {
+    const int n = static_cast<int>(cols);
+    MPI_Sendrecv(row + 1 * cols, n, MPI_FLOAT, up, 0, row + 3 * cols, n, MPI_FLOAT, down, 0,
+                 world_comm(), MPI_STATUS_IGNORE);
+    MPI_Sendrecv(row + 2 * cols, n, MPI_FLOAT, down, 1, row + 0 * cols, n, MPI_FLOAT, up, 1,
+                 world_comm(), MPI_STATUS_IGNORE);
+  }
+  // ... and its adjoint: the ghost rows' gradients travel back, are added
+  // into the bulk rows they came from, and are zeroed.
+  void raw_adjoint(float* row, float* landing, int64_t cols) const {
+    const int n = static_cast<int>(cols);
+    MPI_Sendrecv(row + 3 * cols, n, MPI_FLOAT, down, 2, landing, n, MPI_FLOAT, up, 2,
+                 world_comm(), MPI_STATUS_IGNORE);
+    MPI_Sendrecv(row + 0 * cols, n, MPI_FLOAT, up, 3, landing + cols, n, MPI_FLOAT, down, 3,
+                 world_comm(), MPI_STATUS_IGNORE);
+    if (up != MPI_PROC_NULL)
+      for (int64_t j = 0; j < cols; ++j) row[1 * cols + j] += landing[j], row[j] = 0;
+    if (down != MPI_PROC_NULL)
+      for (int64_t j = 0; j < cols; ++j) row[2 * cols + j] += landing[cols + j], row[3 * cols + j] = 0;
+  }
+};
+HaloBench& halo_bench() {
+  static std::unique_ptr<HaloBench> h;
+  if (!h) h = std::make_unique<HaloBench>();
+  return *h;
+}
+void halo_exchange_inplace_fwd(benchmark::State& s) {
+  auto& H = halo_bench();
+  const int64_t cols = count(s);
+  const at::Tensor x = torch::randn({4, cols});
+  at::Tensor w = torch::randn({4, cols});
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize((*H.layer)(x)); },
+         [&] { H.raw(w.data_ptr<float>(), cols); });
+}
+// Forward, then the adjoint of a gradient that only the exchange holds (as
+// one arriving from the next layer's backward: the loss sum(y * c) hands
+// its node a fresh one, which the adjoint reuses in place). The twin does
+// the same arithmetic: the product and its sum, the gradient c, the raw
+// exchange and its adjoint.
+void halo_exchange_inplace_fwdbwd(benchmark::State& s) {
+  auto& H = halo_bench();
+  const int64_t cols = count(s);
+  const at::Tensor leaf = torch::randn({4, cols}).requires_grad_(true);
+  const at::Tensor c = torch::randn({4, cols});
+  at::Tensor x;
+  at::Tensor w = torch::randn({4, cols}), landing = torch::empty({2, cols});
+  paired(
+      s, s.range(0),
+      [&] {
+        at::Tensor y = (*H.layer)(x);
+        (y * c).sum().backward();
+        leaf.mutable_grad().reset();
+      },
+      [&] {
+        H.raw(w.data_ptr<float>(), cols);
+        benchmark::DoNotOptimize((w * c).sum());
+        at::Tensor g = c * at::ones({}, c.options());  // the fresh gradient
+        H.raw_adjoint(g.data_ptr<float>(), landing.data_ptr<float>(), cols);
+        benchmark::DoNotOptimize(g);
+      },
+      [&] { x = leaf.clone(); });  // not a leaf; its backward passes the gradient on
+}
+
 // 4 KiB to 16 MiB by factors of 4.
 void sizes(benchmark::internal::Benchmark* b) {
   for (int64_t bytes = 4 << 10; bytes <= 16 << 20; bytes *= 4) b->Arg(bytes);
@@ -279,6 +357,8 @@ BENCHMARK(all_gather_fwd)->Apply(sizes);
 BENCHMARK(reduce_scatter_fwd)->Apply(sizes);
 BENCHMARK(repartition_fwd)->Apply(sizes);
 BENCHMARK(halo_exchange_fwd)->Apply(sizes);
+BENCHMARK(halo_exchange_inplace_fwd)->Apply(sizes);
+BENCHMARK(halo_exchange_inplace_fwdbwd)->Apply(sizes);
 BENCHMARK(repartition_p2p_vs_alltoallw)->Apply(sizes);
 
 // Each benchmark's raw-MPI twin, recorded in the JSON context.
@@ -294,6 +374,8 @@ const std::map<std::string, std::string> kTwins = {
     {"repartition_fwd", "MPI_Alltoallv (contiguous blocks)"},
     {"repartition_p2p_vs_alltoallw", "partita's MPI_Ialltoallw exchange"},
     {"halo_exchange_fwd", "2 x MPI_Sendrecv (in place)"},
+    {"halo_exchange_inplace_fwd", "2 x MPI_Sendrecv (in place)"},
+    {"halo_exchange_inplace_fwdbwd", "2 x MPI_Sendrecv, y*c summed, 2 x MPI_Sendrecv + add (adjoint)"},
 };
 
 class NullReporter : public benchmark::BenchmarkReporter {

@@ -272,6 +272,7 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
         ghosts.push_back(c.left.back() + c.right.back());
       }
       draw_tiling(c, padded_shape(c.P_x.shape, d), 10, ghosts, empty_dim);
+      c.in_place = chance(1, 2);  // DistDL's in-place form (issue 15)
       if (chance(1, 12)) {
         const int r = *rc::gen::elementOf(c.P_x.ranks);
         ++c.local_shapes[r][*rc::gen::inRange<size_t>(0, d)];

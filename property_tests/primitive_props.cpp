@@ -42,6 +42,7 @@ std::vector<std::string> features(const Case& c) {
   if (!c.unused_outputs.empty()) f.push_back("some outputs unused");
   if (c.data_seed && c.fill == "normal") f.push_back("random normal fill");
   if (c.distdl) f.push_back("DistDL's axes");
+  if (c.in_place) f.push_back("in place");
   if (c.is_linear() && !c.bias) f.push_back("no bias");
   if (c.is_linear() && c.primitive != "linear" && c.P_y) f.push_back("separate partitions");
   if (c.is_linear() && c.in_features) f.push_back("x does not fit the layer");
@@ -76,6 +77,7 @@ std::vector<std::string> required_features(const std::string& primitive, int wor
     need.push_back("preserve_batch");
   if (primitive == "broadcast" || primitive == "sum_reduce") need.push_back("transposed partition");
   if (primitive == "all_gather" || primitive == "reduce_scatter") need.push_back("DistDL's axes");
+  if (primitive == "halo_exchange") need.push_back("in place");
   // A dividing scale_backward needs a dimension of 2+ workers: at 1 rank
   // there is none, at 2 it is drawn too rarely for 100 cases.
   if (primitive == "all_gather" && world >= 3) need.push_back("scale_backward");

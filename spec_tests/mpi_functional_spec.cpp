@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 
+#include "partita/errors.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/all_gather.hpp"
 #include "partita/nn/all_sum_reduce.hpp"
@@ -173,6 +174,86 @@ TEST_P(Functional, RepartitionAndHaloExchange) {
   const F::HaloExchangePlan ph(full, {1, 1}, {1, 1});
   expect_same("halo_exchange", w, h, [&](const at::Tensor& v) { return F::halo_exchange(v, ph); },
               [&](const at::Tensor& v) { return F::HaloExchangeFunction::apply(v, h->plan()); });
+}
+
+// halo_exchange_, DistDL's in-place form (issue 15): the same values and
+// gradients as the out-of-place form, bit for bit, written into the input
+// itself; a cotangent the caller still holds is left alone while a fresh
+// one may be reused; the history of a view is rebased through its base; a
+// leaf that requires grad is refused on every rank.
+TEST_P(Functional, HaloExchangeInPlace) {
+  const Grid g = grid();
+  const auto full = cartesian(g.all, {g.k, g.m});
+  const Index i = full.cartesian_index(full.rank());
+  const Shape window{5 / g.k + (i[0] < 5 % g.k) + 2, 7 / g.m + (i[1] < 7 % g.m) + 2};
+  const at::Tensor w = random(window, 9, GetParam());
+  const at::Tensor c = random(window, 10, GetParam());  // the cotangent
+  const F::HaloExchangePlan ph(full, {1, 1}, {1, 1});
+  nn::HaloExchange module(full, Shape{1, 1}, Shape{1, 1}, nn::HaloExchangeImpl::Storage::kInPlace);
+
+  // Out of place: the expected values and gradient.
+  const at::Tensor leaf0 = w.clone().requires_grad_(true);
+  const at::Tensor y0 = F::halo_exchange(leaf0, ph);
+  torch::autograd::backward({y0}, {c});
+
+  struct Form {
+    const char* name;
+    std::function<at::Tensor(const at::Tensor&)> call;
+    bool held;  // backward with a cotangent the test keeps (else a fresh one)
+  };
+  const std::vector<Form> forms = {
+      {"halo_exchange_, held cotangent", [&](const at::Tensor& v) { return F::halo_exchange_(v, ph); }, true},
+      {"halo_exchange_, fresh gradient", [&](const at::Tensor& v) { return F::halo_exchange_(v, ph); }, false},
+      {"HaloExchange kInPlace", [&](const at::Tensor& v) { return module(v); }, false},
+      {"HaloExchangeInPlaceFunction",
+       [&](const at::Tensor& v) { return F::HaloExchangeInPlaceFunction::apply(v, ph); }, true},
+  };
+  for (const auto& f : forms) {
+    const at::Tensor leaf = w.clone().requires_grad_(true);
+    const at::Tensor x = leaf * 1;  // not a leaf: may change in place
+    const auto version = x._version();
+    const at::Tensor held = c.clone();
+    const at::Tensor y = f.call(x);
+    bool ok = y.data_ptr() == x.data_ptr() && x._version() > version;
+    ok = ok && same_bits(y.detach(), y0.detach());
+    if (f.held) {
+      torch::autograd::backward({y}, {held});
+      ok = ok && same_bits(held, c);  // the caller's cotangent is untouched
+    } else {
+      (y * c).sum().backward();
+    }
+    ok = ok && same_bits(leaf.grad(), leaf0.grad());
+    EXPECT_TRUE(agreed(ok)) << f.name << " on rank " << mpi::world_rank() << ": y " << y
+                            << "\nexpected " << y0 << "\ngrad " << leaf.grad() << "\nexpected "
+                            << leaf0.grad();
+  }
+
+  // A view (the transpose of a window stored transposed): its base changes
+  // and the gradient reaches the base's leaf through the view.
+  {
+    const at::Tensor leaf = w.t().contiguous().requires_grad_(true);
+    const at::Tensor base = leaf * 1;
+    const at::Tensor y = F::halo_exchange_(base.t(), ph);
+    (base.t() * c).sum().backward();
+    const bool ok = same_bits(y.detach(), y0.detach()) && same_bits(base.t().detach(), y0.detach()) &&
+                    same_bits(leaf.grad().t(), leaf0.grad());
+    EXPECT_TRUE(agreed(ok)) << "in place on a view, rank " << mpi::world_rank();
+  }
+
+  // Rank 0 passes a leaf that requires grad, the others a computed tensor:
+  // every rank raises the same ShapeError, and rank 0's window is intact.
+  {
+    const at::Tensor leaf = w.clone().requires_grad_(true);
+    const at::Tensor x = mpi::world_rank() == 0 ? leaf : leaf * 1;
+    std::string rule;
+    try {
+      F::halo_exchange_(x, ph);
+    } catch (const ShapeError& e) {
+      rule = e.rule();
+    }
+    EXPECT_TRUE(agreed(rule == rule_code::kInPlaceLeaf)) << "rank " << mpi::world_rank() << ": '" << rule << "'";
+    EXPECT_TRUE(same_bits(leaf.detach(), w));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Functional, ::testing::Values(at::kDouble, at::kFloat),

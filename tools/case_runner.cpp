@@ -307,7 +307,7 @@ CaseOutcome run_case(const Case& c) {
 
   // The MPI implementation: construction and forward, agreed on all ranks.
   std::string mpi_error;
-  at::Tensor y;
+  at::Tensor y, in_place_input;
   std::shared_ptr<nn::DistributedLinearBase> mlin;
   try {
     const auto px = mpart(c.P_x);
@@ -339,6 +339,12 @@ CaseOutcome run_case(const Case& c) {
       nn::ReduceScatter layer =
           c.distdl ? nn::ReduceScatter(px, *c.distdl) : nn::ReduceScatter(px, c.axis, c.dim);
       y = layer(out.x);
+    } else if (c.primitive == "halo_exchange" && c.in_place) {
+      // DistDL's form: the ghosts of a computed (non-leaf) copy of x are
+      // filled in place, and the gradient reaches x through it.
+      nn::HaloExchange layer(px, c.left, c.right, nn::HaloExchangeImpl::Storage::kInPlace);
+      in_place_input = out.x.requires_grad() ? out.x * 1 : out.x.clone();
+      y = layer(in_place_input);
     } else if (c.primitive == "halo_exchange") {
       nn::HaloExchange layer(px, c.left, c.right);
       y = layer(out.x);
@@ -389,8 +395,12 @@ CaseOutcome run_case(const Case& c) {
   const auto sums = exact_sums ? Compare::Exact : Compare::Elementwise;
   if (!close(out.y, yr[me].detach(), copy ? Compare::Exact : sums, &why))
     problems.push_back("forward " + why);
-  if (out.y.numel() > 0 && out.x.numel() > 0 && out.y.data_ptr() == out.x.data_ptr())
+  if (c.in_place) {
+    if (out.y.numel() > 0 && out.y.data_ptr() != in_place_input.data_ptr())
+      problems.push_back("in_place: the forward output is not the input's storage");
+  } else if (out.y.numel() > 0 && out.x.numel() > 0 && out.y.data_ptr() == out.x.data_ptr()) {
     problems.push_back("forward output shares the input's storage (in place)");
+  }
 
   double gaps[2] = {0, 0};
   if (differentiable) {
@@ -409,6 +419,8 @@ CaseOutcome run_case(const Case& c) {
     if (y.requires_grad()) {
       if (listed(c.unused_outputs, me))
         torch::autograd::backward({loss_without_gradient(y)});
+      else if (c.in_place)  // a gradient nobody else holds: the adjoint may reuse it
+        (y * dyr[me]).sum().backward();
       else
         torch::autograd::backward({y}, {dyr[me]});
     }

@@ -133,6 +133,7 @@ const Rule kRules[] = {
     {"in_features", "a positive integer (Linear layers; default: global_shape's last extent)",
      [](const Field& f, Case& c) { c.in_features = f.integer(1); }},
     {"bias", "a boolean (Linear layers)", [](const Field& f, Case& c) { c.bias = f.flag(); }},
+    {"in_place", "a boolean (halo_exchange)", [](const Field& f, Case& c) { c.in_place = f.flag(); }},
     {"axes", "an array of non-negative integers (dimensions of P_x)",
      [](const Field& f, Case& c) { c.axes = f.small_integers(0); }},
     {"axis", "a non-negative integer (a dimension of P_x)",
@@ -284,6 +285,8 @@ Case Case::from_json(const json::Value& v, const std::string& source) {
     for (const char* k : {"P_W", "out_features", "in_features", "bias"})
       if (v.contains(k)) throw CaseError(source + ": field \"" + k + "\": only the Linear layers take it");
   }
+  if (v.contains("in_place") && c.primitive != "halo_exchange")
+    throw CaseError(source + ": field \"in_place\": only halo_exchange takes it");
   const int given = v.contains("global_shape") + v.contains("local_shape") + v.contains("local_shapes");
   if (given != 1)
     throw CaseError(source + ": fields \"global_shape\", \"local_shape\", \"local_shapes\": expected "
@@ -342,6 +345,7 @@ json::Value Case::to_json() const {
   if (primitive == "halo_exchange") {
     v["left"] = left;
     v["right"] = right;
+    if (in_place) v["in_place"] = true;
   }
   if (is_linear()) {
     if (P_W) v["P_W"] = spec_json(*P_W);

@@ -5,6 +5,7 @@
 #include "detail/agreement.hpp"
 #include "detail/box_view.hpp"
 #include "detail/layer_checks.hpp"
+#include "detail/plan_cache.hpp"
 #include "detail/plan_check.hpp"
 #include "detail/team_comm.hpp"
 #include "partita/mpi/runtime.hpp"
@@ -26,12 +27,23 @@ struct Step {
   int lo = -1, hi = -1;             // neighbours' ranks in P_x (-1: boundary)
   int tag_down = 0, tag_up = 0;     // messages travelling to lo / to hi
   Box ghost_lo, ghost_hi, for_lo, for_hi;
+  // The subarray datatypes of the four boxes in this rank's window, made
+  // once per plan; null where the box is empty or has no partner.
+  std::shared_ptr<const BoxType> t_ghost_lo, t_ghost_hi, t_for_lo, t_for_hi;
+};
+
+// Everything a call needs once the headers are known (plans made once,
+// detail/plan_cache.hpp).
+struct HaloPlan {
+  std::vector<Step> steps;
+  bool attach = false;  // some rank's input requires grad
 };
 
 struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
   std::string name;
   mpi::Partition P_x;
   Shape left, right;
+  PlanCache<HaloPlan> plans;
 
   // This rank's steps, in forward order.
   std::vector<Step> plan(const std::vector<Header>& headers) const {
@@ -45,6 +57,8 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     const Tiling t = halo_tiling(name, grid, windows, P_x.workers(), left, right);
     const Index me = unravel(P_x.rank(), grid);
     const Shape bulk = t.length(me);
+    const Shape window = headers[static_cast<size_t>(P_x.rank())].shape();
+    const MPI_Datatype element = mpi_datatype(headers[0].scalar_type());
     std::vector<Step> steps;
     for (size_t k = 0; k < d; ++k) {
       const int64_t l = left[k], r = right[k], b = bulk[k];
@@ -79,7 +93,18 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
       s.ghost_hi = along_k(l + b, r);
       s.for_lo = along_k(l, r);
       s.for_hi = along_k(b, l);
-      steps.push_back(s);
+      // Both partners see the same box extents (one slab, one boundary
+      // status), so an empty box (a width or an extent of zero) is skipped
+      // on both sides.
+      auto type = [&](int partner, const Box& box) -> std::shared_ptr<const BoxType> {
+        if (partner < 0 || box.size() == 0) return nullptr;
+        return std::make_shared<const BoxType>(window, box, element, name);
+      };
+      s.t_ghost_lo = type(s.lo, s.ghost_lo);
+      s.t_ghost_hi = type(s.hi, s.ghost_hi);
+      s.t_for_lo = type(s.lo, s.for_lo);
+      s.t_for_hi = type(s.hi, s.for_hi);
+      steps.push_back(std::move(s));
     }
     return steps;
   }
@@ -106,80 +131,115 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
 
   // One step of the forward (fill the ghosts) or of the adjoint (send the
   // ghosts' gradients back, add them into the bulk, zero the ghosts), on `t`
-  // (contiguous) in place. Messages address its boxes through subarray
-  // datatypes, so nothing is packed; only the adjoint's arrivals land in a
-  // buffer, since they are added rather than stored.
+  // (contiguous, of the window's shape) in place. Messages address its
+  // boxes through the plan's subarray datatypes, so nothing is packed; only
+  // the adjoint's arrivals land in a buffer, since they are added rather
+  // than stored.
   void step(const Step& s, at::Tensor& t, bool adjoint, const std::string& what) const {
     const MPI_Datatype element = mpi_datatype(t.scalar_type());
-    const Shape full = shape_of(t);
-    std::vector<MPI_Request> reqs;
-    std::vector<BoxType> types;
-    std::vector<at::Tensor> landing;
-    std::vector<const Box*> landed, sent;
-    types.reserve(4);
-    auto post_recv = [&](int from, int tag, const Box& box) {
-      reqs.emplace_back();
+    MPI_Request reqs[4];
+    int n = 0;
+    at::Tensor landing[2];
+    const Box* landed[2] = {nullptr, nullptr};
+    auto post_recv = [&](int from, int tag, const Box& box, const BoxType* type) {
+      if (!type) return;
       if (adjoint) {
-        landing.push_back(at::empty(box.len, t.options()));
-        landed.push_back(&box);
-        PARTITA_MPI_CHECK(MPI_Irecv(landing.back().data_ptr(), mpi_count(box.size(), what),
-                                    element, from, tag, P_x.comm(), &reqs.back()));
+        const int i = landed[0] ? 1 : 0;
+        landing[i] = at::empty(box.len, t.options());
+        landed[i] = &box;
+        PARTITA_MPI_CHECK(MPI_Irecv(landing[i].data_ptr(), mpi_count(box.size(), what), element,
+                                    from, tag, P_x.comm(), &reqs[n++]));
       } else {
-        types.emplace_back(full, box, element, what);
-        PARTITA_MPI_CHECK(MPI_Irecv(t.data_ptr(), 1, types.back().get(), from, tag, P_x.comm(),
-                                    &reqs.back()));
+        PARTITA_MPI_CHECK(MPI_Irecv(t.data_ptr(), 1, type->get(), from, tag, P_x.comm(), &reqs[n++]));
       }
     };
-    auto post_send = [&](int to, int tag, const Box& box) {
-      types.emplace_back(full, box, element, what);
-      sent.push_back(&box);
-      reqs.emplace_back();
-      PARTITA_MPI_CHECK(MPI_Isend(t.data_ptr(), 1, types.back().get(), to, tag, P_x.comm(),
-                                  &reqs.back()));
+    auto post_send = [&](int to, int tag, const BoxType* type) {
+      if (!type) return;
+      PARTITA_MPI_CHECK(MPI_Isend(t.data_ptr(), 1, type->get(), to, tag, P_x.comm(), &reqs[n++]));
     };
     // Forward: bulk travels out, ghosts land. Adjoint: ghosts travel back
-    // and are added into the bulk they came from. Both partners see the
-    // same box extents (one slab, one boundary status), so an empty box (a
-    // width or an extent of zero) is skipped on both sides.
-    auto nonempty = [](const Box& b) { return b.size() > 0; };
+    // and are added into the bulk they came from.
     if (!adjoint) {
-      if (s.lo >= 0 && nonempty(s.ghost_lo)) post_recv(s.lo, s.tag_up, s.ghost_lo);
-      if (s.hi >= 0 && nonempty(s.ghost_hi)) post_recv(s.hi, s.tag_down, s.ghost_hi);
-      if (s.lo >= 0 && nonempty(s.for_lo)) post_send(s.lo, s.tag_down, s.for_lo);
-      if (s.hi >= 0 && nonempty(s.for_hi)) post_send(s.hi, s.tag_up, s.for_hi);
+      post_recv(s.lo, s.tag_up, s.ghost_lo, s.t_ghost_lo.get());
+      post_recv(s.hi, s.tag_down, s.ghost_hi, s.t_ghost_hi.get());
+      post_send(s.lo, s.tag_down, s.t_for_lo.get());
+      post_send(s.hi, s.tag_up, s.t_for_hi.get());
     } else {
-      if (s.lo >= 0 && nonempty(s.for_lo)) post_recv(s.lo, s.tag_up, s.for_lo);
-      if (s.hi >= 0 && nonempty(s.for_hi)) post_recv(s.hi, s.tag_down, s.for_hi);
-      if (s.lo >= 0 && nonempty(s.ghost_lo)) post_send(s.lo, s.tag_down, s.ghost_lo);
-      if (s.hi >= 0 && nonempty(s.ghost_hi)) post_send(s.hi, s.tag_up, s.ghost_hi);
+      post_recv(s.lo, s.tag_up, s.for_lo, s.t_for_lo.get());
+      post_recv(s.hi, s.tag_down, s.for_hi, s.t_for_hi.get());
+      post_send(s.lo, s.tag_down, s.t_ghost_lo.get());
+      post_send(s.hi, s.tag_up, s.t_ghost_hi.get());
     }
-    mpi::wait_all(reqs, what.c_str());
+    mpi::wait_all(n, reqs, what.c_str());
     if (!adjoint) return;
-    for (const Box* b : sent) narrow_to(t, *b).zero_();
-    for (size_t i = 0; i < landing.size(); ++i) narrow_to(t, *landed[i]).add_(landing[i]);
+    if (s.t_ghost_lo) narrow_to(t, s.ghost_lo).zero_();
+    if (s.t_ghost_hi) narrow_to(t, s.ghost_hi).zero_();
+    for (int i = 0; i < 2; ++i)
+      if (landed[i]) narrow_to(t, *landed[i]).add_(landing[i]);
+  }
+
+  // The headers of this call and the plan made from them (made, checked and
+  // cached on the first call with these headers).
+  std::shared_ptr<const HaloPlan> prepare(const Header& mine) const {
+    const auto headers = exchange_headers(P_x, mine, name.c_str());
+    if (auto hit = plans.find(headers)) return hit;
+    check_inputs(name, P_x, P_x, headers);
+    auto p = std::make_shared<HaloPlan>();
+    p->steps = plan(headers);
+    p->attach = any_requires_grad(headers);
+    check_plan(P_x, name, claims(p->steps, headers[0].scalar_type()));
+    plans.insert(headers, p);
+    return p;
+  }
+
+  // The adjoint, on a gradient of the window's shape: the steps in reverse,
+  // in place on `g` when the autograd engine handed over the only
+  // reference to a contiguous gradient, otherwise on a copy.
+  Adjoint adjoint(const std::shared_ptr<const HaloPlan>& p) const {
+    auto self = shared_from_this();
+    const std::string adjoint_name = name + " adjoint";
+    return [self, p, adjoint_name](at::Tensor gy) {
+      at::Tensor g = owned_contiguous(std::move(gy));
+      for (auto s = p->steps.rbegin(); s != p->steps.rend(); ++s)
+        self->step(*s, g, true, adjoint_name);
+      return g;
+    };
   }
 
   at::Tensor forward(const at::Tensor& x) const {
     if (!P_x.active()) return x.clone();
-    const auto headers = exchange_headers(P_x, make_header(x), name.c_str());
-    check_inputs(name, P_x, P_x, headers);
-    const std::vector<Step> steps = plan(headers);
-    check_plan(P_x, name, claims(steps, x.scalar_type()));
+    const auto p = prepare(make_header(x));
     at::Tensor y;
     {
       at::NoGradGuard no_grad;
       y = x.detach().clone(at::MemoryFormat::Contiguous);
-      for (const auto& s : steps) step(s, y, false, name);
+      for (const auto& s : p->steps) step(s, y, false, name);
     }
-    auto self = shared_from_this();
-    const std::string adjoint_name = name + " adjoint";
-    return with_adjoint(y, x, any_requires_grad(headers), name,
-                        [self, steps, adjoint_name](const at::Tensor& gy) {
-                          at::Tensor g = gy.clone(at::MemoryFormat::Contiguous);
-                          for (auto s = steps.rbegin(); s != steps.rend(); ++s)
-                            self->step(*s, g, true, adjoint_name);
-                          return g;
-                        });
+    return with_adjoint(y, x, p->attach, name, adjoint(p));
+  }
+
+  // DistDL's form: the ghosts of `x` itself are filled, and `x` (its
+  // version bumped, its history rebased onto the exchange) is returned.
+  at::Tensor forward_in_place(const at::Tensor& x) const {
+    if (!P_x.active()) return x;
+    Header mine = make_header(x);
+    // As autograd's own in-place rule: neither a leaf that requires grad
+    // nor a view of one may change in place.
+    const bool leaf = x.requires_grad() && (x.is_leaf() || (x.is_view() && x._base().is_leaf()));
+    if (leaf && mine.status == Header::kOk) mine.status = Header::kInPlaceLeaf;
+    const auto p = prepare(mine);
+    {
+      at::NoGradGuard no_grad;
+      if (x.is_contiguous()) {
+        at::Tensor t = x.detach();
+        for (const auto& s : p->steps) step(s, t, false, name);
+      } else {
+        at::Tensor t = x.detach().contiguous();
+        for (const auto& s : p->steps) step(s, t, false, name);
+        x.detach().copy_(t);
+      }
+    }
+    return with_adjoint_in_place(x, p->attach, name, adjoint(p));
   }
 };
 
@@ -216,13 +276,18 @@ HaloExchangePlan::HaloExchangePlan(const mpi::Partition& P_x, Shape left, Shape 
 at::Tensor halo_exchange(const at::Tensor& x, const HaloExchangePlan& plan) {
   return plan.layer_->forward(x);
 }
+at::Tensor halo_exchange_(const at::Tensor& x, const HaloExchangePlan& plan) {
+  return plan.layer_->forward_in_place(x);
+}
 
 }  // namespace functional
 
-HaloExchangeImpl::HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape right)
-    : plan_(P_x, std::move(left), std::move(right)) {}
+HaloExchangeImpl::HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape right,
+                                   Storage storage)
+    : plan_(P_x, std::move(left), std::move(right)), storage_(storage) {}
 torch::Tensor HaloExchangeImpl::forward(const torch::Tensor& x) {
-  return functional::halo_exchange(x, plan_);
+  return storage_ == Storage::kInPlace ? functional::halo_exchange_(x, plan_)
+                                       : functional::halo_exchange(x, plan_);
 }
 
 }  // namespace partita::nn

@@ -162,6 +162,9 @@ void wait_until(const std::function<bool()>& ready, const char* what) {
 void wait_all(std::vector<MPI_Request>& requests, const char* what) {
   if (!requests.empty()) poll(static_cast<int>(requests.size()), requests.data(), what);
 }
+void wait_all(int count, MPI_Request* requests, const char* what) {
+  if (count > 0) poll(count, requests, what);
+}
 
 void wait(MPI_Request& request, const char* what) { poll(1, &request, what); }
 

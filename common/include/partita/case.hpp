@@ -39,6 +39,7 @@ struct Case {
   // (reduce_scatter), axes_keep, scale_backward (all_gather).
   std::optional<GatherAxes> distdl;
   Shape left, right;                 // halo_exchange: ghost widths per tensor dimension
+  bool in_place = false;             // halo_exchange: DistDL's in-place form (halo_exchange_)
   // The Linear layers (docs/linear.md): P_x holds x and P_y holds y (absent:
   // the single-partition forms, y on P_x); the general layer's P_W. in
   // features default to the last extent of global_shape (the only input

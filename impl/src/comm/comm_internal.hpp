@@ -117,7 +117,7 @@ at::Tensor raw_alltoall(const CommState& s, const at::Tensor& x, int64_t gather_
                         const std::vector<int64_t>& numelem, const std::string& what);
 
 // -- autograd -----------------------------------------------------------------
-using Adjoint = std::function<at::Tensor(const at::Tensor& grad_out)>;
+using Adjoint = std::function<at::Tensor(at::Tensor grad_out)>;  // as team_comm.hpp's
 // Gives `out` (no history) a node whose backward is adjoint(grad_out) into
 // `input`'s edge, when `input` requires grad (and grad mode is on). An
 // undefined incoming gradient is zeros: the adjoint communication still runs.

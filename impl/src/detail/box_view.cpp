@@ -25,7 +25,11 @@ BoxType::BoxType(const Shape& full, const Box& box, MPI_Datatype element, const 
 }
 
 BoxType::~BoxType() {
-  if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+  // A layer's cached plans (plan_cache.hpp) may outlive MPI (a static
+  // module destroyed at exit): MPI_Type_free is then not allowed.
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (type_ != MPI_DATATYPE_NULL && !finalized) MPI_Type_free(&type_);
 }
 
 }  // namespace partita::mpi::detail

@@ -34,6 +34,11 @@ void check_inputs(const std::string& layer, const Partition& P_union, const Part
                          rule_code::kOutsideNotEmpty);
       continue;
     }
+    if (h.status == Header::kInPlaceLeaf)
+      throw ShapeError(layer + ": worker " + std::to_string(w) +
+                       " passed a leaf tensor that requires grad to an in-place exchange, which "
+                       "would overwrite it; pass a tensor computed from it (e.g. x.clone()) or "
+                       "use the out-of-place form", rule_code::kInPlaceLeaf);
     if (h.status == Header::kBadDtype)
       throw ShapeError(layer + ": worker " + std::to_string(w) + " passed dtype " +
                        dtype_name(h.scalar_type()) + ", which partita cannot move",

@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <climits>
 #include <cstring>
@@ -171,11 +172,12 @@ struct AdjointNode : torch::autograd::Node {
     // An unused output has no gradient: its adjoint input is zero, and the
     // collective still runs so that the other ranks are not left waiting.
     at::Tensor g = grads.empty() || !grads[0].defined() ? at::zeros(out_sizes, out_options)
-                                                         : grads[0];
+                                                         : std::move(grads[0]);
+    grads.clear();
     at::Tensor gx;
     {
       at::NoGradGuard no_grad;
-      gx = adjoint(g);
+      gx = adjoint(std::move(g));
     }
     return {gx};
   }
@@ -195,6 +197,28 @@ at::Tensor with_adjoint(at::Tensor out, const at::Tensor& x, bool attach,
   node->set_next_edges(torch::autograd::collect_next_edges(x));
   torch::autograd::set_history(out, node);
   return out;
+}
+
+at::Tensor with_adjoint_in_place(const at::Tensor& x, bool attach, const std::string& name,
+                                 Adjoint adjoint) {
+  torch::autograd::impl::bump_version(x);
+  if (!attach || !at::isFloatingType(x.scalar_type()) || !at::GradMode::is_enabled()) return x;
+  auto node = std::shared_ptr<AdjointNode>(new AdjointNode(), torch::autograd::deleteNode);
+  node->label = name;
+  node->adjoint = std::move(adjoint);
+  node->out_sizes = x.sizes().vec();
+  node->out_options = x.options();
+  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  const auto input_nr = node->add_input_metadata(x);
+  torch::autograd::impl::rebase_history(x, {node, input_nr});
+  return x;
+}
+
+at::Tensor owned_contiguous(at::Tensor g) {
+  const bool owned = g.use_count() == 1 && g.is_contiguous() && !g.is_view() &&
+                     g.storage_offset() == 0 && g.storage().use_count() == 1 &&
+                     static_cast<int64_t>(g.storage().nbytes()) == g.numel() * g.element_size();
+  return owned ? g : g.clone(at::MemoryFormat::Contiguous);
 }
 
 }  // namespace partita::mpi::detail

@@ -17,7 +17,9 @@ namespace partita::mpi::detail {
 
 // What one rank's input looks like, gathered from every rank of a layer.
 struct Header {
-  enum Status : int64_t { kOk = 0, kTooManyDims = 1, kBadDtype = 2 };
+  // kInPlaceLeaf: an in-place call (halo_exchange_) on a leaf that requires
+  // grad, which autograd forbids.
+  enum Status : int64_t { kOk = 0, kTooManyDims = 1, kBadDtype = 2, kInPlaceLeaf = 3 };
   int64_t status = kOk;
   int64_t dtype = 0;
   int64_t requires_grad = 0;
@@ -63,9 +65,25 @@ at::Tensor allreduce_team(const Partition& team, const at::Tensor& x, const std:
 // of the layer (an input anywhere requires grad) so that backward runs on
 // all of them: the node is attached even where this rank's input does not
 // require grad, and its result is then dropped.
-using Adjoint = std::function<at::Tensor(const at::Tensor& grad_out)>;
+// The adjoint receives the gradient by value: when the autograd engine holds
+// no other reference to it, the adjoint may reuse its storage
+// (owned_contiguous).
+using Adjoint = std::function<at::Tensor(at::Tensor grad_out)>;
 at::Tensor with_adjoint(at::Tensor out, const at::Tensor& x, bool attach,
                         const std::string& name, Adjoint adjoint);
+
+// The in-place form (DistDL's mark_dirty): `x`'s data has just been
+// changed in place; bumps its version and, when `attach`, rebases its
+// history onto a node whose backward is `adjoint(grad_x)` and whose input
+// is x's previous history. Returns x. (A leaf that requires grad must have
+// been refused before its data changed.)
+at::Tensor with_adjoint_in_place(const at::Tensor& x, bool attach, const std::string& name,
+                                 Adjoint adjoint);
+
+// `g` itself when nothing else references its storage and it is a
+// contiguous tensor that owns all of it (so changing it in place is
+// invisible to anyone), otherwise a contiguous copy.
+at::Tensor owned_contiguous(at::Tensor g);
 
 }  // namespace partita::mpi::detail
 

@@ -59,6 +59,7 @@ const char* wait_policy_name(WaitPolicy policy);
 // the job instead of hanging.
 void wait(MPI_Request& request, const char* what);
 void wait_all(std::vector<MPI_Request>& requests, const char* what);
+void wait_all(int count, MPI_Request* requests, const char* what);
 
 void set_deadline(double seconds);  // 0: off
 // `seconds` times max(1, ranks on this node / cores): what PARTITA_DEADLINE

@@ -129,9 +129,18 @@ class HaloExchangePlan {
   HaloExchangePlan(const mpi::Partition& P_x, Shape left, Shape right);
  private:
   friend at::Tensor halo_exchange(const at::Tensor& x, const HaloExchangePlan& plan);
+  friend at::Tensor halo_exchange_(const at::Tensor& x, const HaloExchangePlan& plan);
   std::shared_ptr<const detail::HaloLayer> layer_;
 };
 at::Tensor halo_exchange(const at::Tensor& x, const HaloExchangePlan& plan);
+// In place, as DistDL's HaloExchange (its mark_dirty): fills the ghosts of
+// `x` itself and returns `x`, its history rebased onto the exchange so that
+// backward runs the adjoint. No copy of the window is made (issue 15: this
+// is the form that runs at the speed of a hand-written exchange). `x` must
+// not be a leaf that requires grad (a ShapeError on every rank of P_x, rule
+// input.in_place_leaf); the adjoint reuses the incoming gradient's storage
+// when nothing else references it. Workers outside P_x get `x` back.
+at::Tensor halo_exchange_(const at::Tensor& x, const HaloExchangePlan& plan);
 
 // DistDL's names for the same functions (seed 000 names the first four).
 struct BroadcastFunction {
@@ -162,6 +171,11 @@ struct ReduceScatterFunction {
 struct HaloExchangeFunction {
   static at::Tensor apply(const at::Tensor& x, const HaloExchangePlan& p) {
     return halo_exchange(x, p);
+  }
+};
+struct HaloExchangeInPlaceFunction {
+  static at::Tensor apply(const at::Tensor& x, const HaloExchangePlan& p) {
+    return halo_exchange_(x, p);
   }
 };
 

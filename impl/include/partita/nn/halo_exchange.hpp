@@ -16,7 +16,9 @@
 // A ghost wider than the neighbour's bulk that fills it, a window smaller
 // than its ghosts, or bulks that do not tile a tensor raise the same
 // ShapeError on every rank of P_x. Workers outside P_x return a clone.
-// A thin wrapper of functional::halo_exchange (functional.hpp).
+// A thin wrapper of functional::halo_exchange (functional.hpp); with
+// Storage::kInPlace, of functional::halo_exchange_, DistDL's in-place form
+// (the ghosts of x itself are filled and x is returned).
 // Construction is collective over P_x (the widths must agree).
 #pragma once
 
@@ -32,12 +34,16 @@ namespace partita::nn {
 
 class HaloExchangeImpl : public torch::nn::Module {
  public:
-  HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape right);
+  // kNew: a new tensor (DESIGN.md's default); kInPlace: x itself.
+  enum class Storage { kNew, kInPlace };
+  HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape right,
+                   Storage storage = Storage::kNew);
   torch::Tensor forward(const torch::Tensor& x);
   const functional::HaloExchangePlan& plan() const { return plan_; }
 
  private:
   functional::HaloExchangePlan plan_;
+  Storage storage_ = Storage::kNew;
 };
 TORCH_MODULE(HaloExchange);
 
