@@ -307,7 +307,15 @@ CaseOutcome run_case(const Case& c) {
 
   // The MPI implementation: construction and forward, agreed on all ranks.
   std::string mpi_error;
-  at::Tensor y, in_place_input;
+  at::Tensor y, in_place_input, first_y;
+  // Every layer is called twice with the same inputs (issue 15, plans made
+  // once): the second call reuses the plan the first one made and checked,
+  // and is the one whose output and backward are checked below; the first
+  // call's output must equal it bit for bit (its graph is dropped unused).
+  auto twice = [&](const std::function<at::Tensor()>& call) {
+    first_y = call().detach().clone();
+    y = call();
+  };
   std::shared_ptr<nn::DistributedLinearBase> mlin;
   try {
     const auto px = mpart(c.P_x);
@@ -322,35 +330,37 @@ CaseOutcome run_case(const Case& c) {
         if (c.bias) global->bias.copy_(b0);
       }
       mlin->scatter_parameters(global);
-      y = mlin->forward(out.x);
+      twice([&] { return mlin->forward(out.x); });
     } else if (c.primitive == "broadcast") {
       nn::Broadcast layer(px, mpart(*c.P_y), c.options);
-      y = layer(out.x);
+      twice([&] { return layer(out.x); });
     } else if (c.primitive == "sum_reduce") {
       nn::SumReduce layer(px, mpart(*c.P_y), c.options);
-      y = layer(out.x);
+      twice([&] { return layer(out.x); });
     } else if (c.primitive == "repartition") {
       nn::Repartition layer(px, mpart(*c.P_y));
-      y = layer(out.x);
+      twice([&] { return layer(out.x); });
     } else if (c.primitive == "all_gather") {
       nn::AllGather layer = c.distdl ? nn::AllGather(px, *c.distdl) : nn::AllGather(px, c.axis, c.dim);
-      y = layer(out.x);
+      twice([&] { return layer(out.x); });
     } else if (c.primitive == "reduce_scatter") {
       nn::ReduceScatter layer =
           c.distdl ? nn::ReduceScatter(px, *c.distdl) : nn::ReduceScatter(px, c.axis, c.dim);
-      y = layer(out.x);
+      twice([&] { return layer(out.x); });
     } else if (c.primitive == "halo_exchange" && c.in_place) {
       // DistDL's form: the ghosts of a computed (non-leaf) copy of x are
       // filled in place, and the gradient reaches x through it.
       nn::HaloExchange layer(px, c.left, c.right, nn::HaloExchangeImpl::Storage::kInPlace);
-      in_place_input = out.x.requires_grad() ? out.x * 1 : out.x.clone();
-      y = layer(in_place_input);
+      twice([&] {
+        in_place_input = out.x.requires_grad() ? out.x * 1 : out.x.clone();
+        return layer(in_place_input);
+      });
     } else if (c.primitive == "halo_exchange") {
       nn::HaloExchange layer(px, c.left, c.right);
-      y = layer(out.x);
+      twice([&] { return layer(out.x); });
     } else {
       nn::AllSumReduce layer(px, c.axes);
-      y = layer(out.x);
+      twice([&] { return layer(out.x); });
     }
   } catch (const Error& e) {
     mpi_error = e.what();
@@ -395,6 +405,8 @@ CaseOutcome run_case(const Case& c) {
   const auto sums = exact_sums ? Compare::Exact : Compare::Elementwise;
   if (!close(out.y, yr[me].detach(), copy ? Compare::Exact : sums, &why))
     problems.push_back("forward " + why);
+  if (!same_bits(first_y, out.y))
+    problems.push_back("a second call with the same inputs (its plan reused) differs from the first");
   if (c.in_place) {
     if (out.y.numel() > 0 && out.y.data_ptr() != in_place_input.data_ptr())
       problems.push_back("in_place: the forward output is not the input's storage");

@@ -3,6 +3,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "detail/layer_checks.hpp"
+#include "detail/plan_cache.hpp"
 #include "detail/plan_check.hpp"
 #include "detail/team_comm.hpp"
 #include "partita/nn/broadcast.hpp"
@@ -63,9 +64,9 @@ std::vector<PeerClaim> TeamLayer::claims(const at::Tensor& x, const Shape& out_s
   return c;
 }
 
-at::Tensor TeamLayer::forward(const at::Tensor& x) const {
-  if (!P_union.active()) return x.clone();  // in neither partition
+std::shared_ptr<const TeamLayer::Compiled> TeamLayer::prepare(const at::Tensor& x) const {
   const auto headers = exchange_headers(P_union, make_header(x), name.c_str());
+  if (auto hit = plans.find(headers)) return hit;
   check_inputs(name, P_union, P_x, headers);
   // The output's shape and dtype: those of the root's input (broadcast) or
   // of the team's contributors, which must agree (sum-reduce).
@@ -77,9 +78,21 @@ at::Tensor TeamLayer::forward(const at::Tensor& x) const {
     out_shape = h.shape();
     out_dtype = h.scalar_type();
   }
-  const auto out_options = x.options().dtype(out_dtype).requires_grad(false);
-  const bool attach = any_requires_grad(headers);
   check_plan(P_union, name, claims(x, out_shape, out_dtype));
+  auto c = std::make_shared<Compiled>();
+  c->out_shape = std::move(out_shape);
+  c->out_dtype = out_dtype;
+  c->attach = any_requires_grad(headers);
+  plans.insert(headers, c);
+  return c;
+}
+
+at::Tensor TeamLayer::forward(const at::Tensor& x) const {
+  if (!P_union.active()) return x.clone();  // in neither partition
+  const auto c = prepare(x);
+  const Shape& out_shape = c->out_shape;
+  const auto out_options = x.options().dtype(c->out_dtype).requires_grad(false);
+  const bool attach = c->attach;
 
   at::Tensor y;
   {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "detail/plan_cache.hpp"
 #include "detail/plan_check.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/options.hpp"
@@ -30,6 +31,16 @@ struct TeamLayer {
   at::Tensor forward(const at::Tensor& x) const;
 
  private:
+  // A call's plan (plans made once, detail/plan_cache.hpp): the output's
+  // shape and dtype, after the checks.
+  struct Compiled {
+    Shape out_shape;
+    at::ScalarType out_dtype = at::kFloat;
+    bool attach = false;
+  };
+  mpi::detail::PlanCache<Compiled> plans;
+  std::shared_ptr<const Compiled> prepare(const at::Tensor& x) const;
+
   std::vector<mpi::detail::PeerClaim> claims(const at::Tensor& x, const Shape& out_shape,
                                              at::ScalarType out_dtype) const;
 };
