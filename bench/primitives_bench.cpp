@@ -179,6 +179,34 @@ void reduce_scatter_fwd(benchmark::State& s) {
                        world_comm());
   });
 }
+// Forward then backward (issue 15, item 5), beside the raw pair: each one's
+// adjoint is the other's forward.
+void all_gather_fwdbwd(benchmark::State& s) {
+  auto& L = layers();
+  const int64_t piece = count(s) / world_size();
+  const at::Tensor x = data(piece, true), dy = data(piece * world_size(), false);
+  at::Tensor out = data(piece * world_size(), false), back = data(piece, false);
+  std::vector<int> counts(world_size(), static_cast<int>(piece));
+  paired(s, s.range(0), [&] { fwdbwd(L.allgather, x, dy); }, [&] {
+    MPI_Allgather(x.data_ptr(), mpi_n(x), MPI_FLOAT, out.data_ptr(), mpi_n(x), MPI_FLOAT,
+                  world_comm());
+    MPI_Reduce_scatter(dy.data_ptr(), back.data_ptr(), counts.data(), MPI_FLOAT, MPI_SUM,
+                       world_comm());
+  });
+}
+void reduce_scatter_fwdbwd(benchmark::State& s) {
+  auto& L = layers();
+  const int64_t piece = count(s) / world_size();
+  const at::Tensor x = data(piece * world_size(), true), dy = data(piece, false);
+  at::Tensor out = data(piece, false), back = data(piece * world_size(), false);
+  std::vector<int> counts(world_size(), static_cast<int>(piece));
+  paired(s, s.range(0), [&] { fwdbwd(L.reducescatter, x, dy); }, [&] {
+    MPI_Reduce_scatter(x.data_ptr(), out.data_ptr(), counts.data(), MPI_FLOAT, MPI_SUM,
+                       world_comm());
+    MPI_Allgather(dy.data_ptr(), mpi_n(dy), MPI_FLOAT, back.data_ptr(), mpi_n(dy), MPI_FLOAT,
+                  world_comm());
+  });
+}
 
 // ---- repartition: rows to columns of a square matrix ------------------------
 // P_x = ranks x 1 (row blocks) -> P_y = 1 x ranks (column blocks): every
@@ -241,6 +269,44 @@ void repartition_packed_fwd(benchmark::State& s) {
         std::memcpy(packed + j * b * b + r * b, src + r * side + j * b, b * sizeof(float));
     MPI_Alltoallv(packed, counts.data(), displs.data(), MPI_FLOAT, out.data_ptr(), counts.data(),
                   displs.data(), MPI_FLOAT, world_comm());
+  });
+}
+
+// Forward then backward beside the fair twin's pair: the forward above,
+// then the reverse (each source's column block of the gradient is a
+// contiguous run of its rows, sent as it is; received into a contiguous
+// buffer and unpacked into the strided columns of the input's gradient).
+void repartition_packed_fwdbwd(benchmark::State& s) {
+  const int p = world_size();
+  const int64_t side = square_side(s), b = side / p;
+  static std::unique_ptr<partita::nn::Repartition> layer;
+  if (!layer) {
+    const auto world = partita::mpi::Partition::world();
+    layer = std::make_unique<partita::nn::Repartition>(
+        world.create_cartesian_topology_partition({p, 1}),
+        world.create_cartesian_topology_partition({1, p}));
+  }
+  const at::Tensor x = torch::randn({b, side}).requires_grad_(true);
+  const at::Tensor dy = torch::randn({side, b});
+  at::Tensor send = data(b * side, false), out = data(b * side, false);
+  at::Tensor landing = data(b * side, false), dx = data(b * side, false);
+  std::vector<int> counts(p, static_cast<int>(b * b)), displs(p);
+  for (int i = 0; i < p; ++i) displs[i] = i * static_cast<int>(b * b);
+  paired(s, side * side * 4, [&] { fwdbwd(*layer, x, dy); }, [&] {
+    const float* src = x.data_ptr<float>();
+    float* packed = send.data_ptr<float>();
+    for (int j = 0; j < p; ++j)
+      for (int64_t r = 0; r < b; ++r)
+        std::memcpy(packed + j * b * b + r * b, src + r * side + j * b, b * sizeof(float));
+    MPI_Alltoallv(packed, counts.data(), displs.data(), MPI_FLOAT, out.data_ptr(), counts.data(),
+                  displs.data(), MPI_FLOAT, world_comm());
+    MPI_Alltoallv(dy.data_ptr(), counts.data(), displs.data(), MPI_FLOAT, landing.data_ptr(),
+                  counts.data(), displs.data(), MPI_FLOAT, world_comm());
+    const float* l = landing.data_ptr<float>();
+    float* g = dx.data_ptr<float>();
+    for (int j = 0; j < p; ++j)
+      for (int64_t r = 0; r < b; ++r)
+        std::memcpy(g + r * side + j * b, l + j * b * b + r * b, b * sizeof(float));
   });
 }
 
@@ -386,8 +452,11 @@ BENCHMARK(all_sum_reduce_fwd)->Apply(sizes);
 BENCHMARK(all_sum_reduce_fwdbwd)->Apply(sizes);
 BENCHMARK(all_gather_fwd)->Apply(sizes);
 BENCHMARK(reduce_scatter_fwd)->Apply(sizes);
+BENCHMARK(all_gather_fwdbwd)->Apply(sizes);
+BENCHMARK(reduce_scatter_fwdbwd)->Apply(sizes);
 BENCHMARK(repartition_fwd)->Apply(sizes);
 BENCHMARK(repartition_packed_fwd)->Apply(sizes);
+BENCHMARK(repartition_packed_fwdbwd)->Apply(sizes);
 BENCHMARK(halo_exchange_fwd)->Apply(sizes);
 BENCHMARK(halo_exchange_inplace_fwd)->Apply(sizes);
 BENCHMARK(halo_exchange_inplace_fwdbwd)->Apply(sizes);
@@ -405,6 +474,9 @@ const std::map<std::string, std::string> kTwins = {
     {"reduce_scatter_fwd", "MPI_Reduce_scatter"},
     {"repartition_fwd", "MPI_Alltoallv (contiguous blocks)"},
     {"repartition_packed_fwd", "pack column blocks + MPI_Alltoallv into the output"},
+    {"repartition_packed_fwdbwd", "packed MPI_Alltoallv, then the reverse MPI_Alltoallv + unpack"},
+    {"all_gather_fwdbwd", "MPI_Allgather + MPI_Reduce_scatter"},
+    {"reduce_scatter_fwdbwd", "MPI_Reduce_scatter + MPI_Allgather"},
     {"repartition_p2p_vs_alltoallw", "partita's MPI_Ialltoallw exchange"},
     {"halo_exchange_fwd", "2 x MPI_Sendrecv (in place)"},
     {"halo_exchange_inplace_fwd", "2 x MPI_Sendrecv (in place)"},
