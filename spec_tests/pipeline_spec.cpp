@@ -164,6 +164,145 @@ TEST(Pipeline, EveryStageReturnsTheLastStagesOutputs) {
   }
 }
 
+// --- a model that is not a Sequential: its children, in order --------------------
+
+struct ResidualImpl : torch::nn::Module {
+  explicit ResidualImpl(int64_t w) {
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({w})));
+    up = register_module("up", torch::nn::Linear(w, 2 * w));
+    down = register_module("down", torch::nn::Linear(2 * w, w));
+  }
+  at::Tensor forward(at::Tensor x) { return x + down(torch::gelu(up(norm(x)))); }
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+TORCH_MODULE(Residual);
+
+// A user module whose forward is the chain of its eight children, in the
+// order it registers them: built-in layers, a registered user type, a
+// nested Sequential.
+struct ChainNetImpl : torch::nn::Module {
+  ChainNetImpl() {
+    input = register_module("input", torch::nn::Linear(6, 8));
+    act = register_module("act", torch::nn::GELU());
+    block1 = register_module("block1", Residual(8));
+    block2 = register_module("block2", Residual(8));
+    block3 = register_module("block3", Residual(8));
+    head = register_module("head", torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::Tanh()));
+    drop = register_module("drop", torch::nn::Dropout(0.0));
+    output = register_module("output", torch::nn::Linear(8, 4));
+  }
+  at::Tensor forward(at::Tensor x) {
+    return output(drop(head->forward(block3(block2(block1(act(input(x))))))));
+  }
+  torch::nn::Linear input{nullptr}, output{nullptr};
+  torch::nn::GELU act{nullptr};
+  Residual block1{nullptr}, block2{nullptr}, block3{nullptr};
+  torch::nn::Sequential head{nullptr};
+  torch::nn::Dropout drop{nullptr};
+};
+TORCH_MODULE(ChainNet);
+
+ChainNet chain_net() {
+  torch::manual_seed(21);
+  ChainNet net;
+  net->to(torch::kDouble);
+  return net;
+}
+
+void register_residual_once() {
+  static bool done = [] {
+    smp::register_layer<ResidualImpl>();
+    return true;
+  }();
+  (void)done;
+}
+
+// The central check for a module exposing an ordered list of children:
+// loss, every gradient of every stage (by the module's own parameter names)
+// and, after 3 SGD steps, every parameter equal to the module run on one
+// process, in float64. Every replica gets the same batch (the dp average of
+// equal gradients is the gradient).
+TEST(Pipeline, ModuleWithOrderedChildren) {
+  torch::set_num_threads(1);
+  register_residual_once();
+  for (int p : partition_counts())
+    for (const char* pipeline : {"simple", "interleaved"}) {
+      init(p, pipeline);
+      for (int m : {1, 4}) {
+        const std::string context = std::string(pipeline) + ", " + std::to_string(p) + " stages, " +
+                                    std::to_string(m) + " microbatches";
+        ChainNet net = chain_net(), ref = chain_net();
+        smp::DistributedModel model(net);
+        const auto mine = model.named_parameters();
+        // The stages' parameters are the module's, each on one stage.
+        int64_t count = 0;
+        for (int64_t c : smp::allgather(static_cast<int64_t>(mine.size()), smp::MP_GROUP)) count += c;
+        EXPECT_EQ(count, static_cast<int64_t>(ref->named_parameters().size())) << context;
+        torch::optim::SGD opt(model.parameters(), 0.05), ref_opt(ref->parameters(), 0.05);
+        auto train = testing::mse_step(model, m);
+        for (int step = 0; step < 3; ++step) {
+          torch::manual_seed(100 + step);
+          const at::Tensor x = torch::randn({8, 6}, torch::kDouble), y = torch::randn({8, 4}, torch::kDouble);
+          const double loss = train(x, y).reduce_mean().item<double>();
+          at::Tensor ref_loss = torch::mse_loss(ref->forward(x), y);
+          ref_loss.backward();
+          EXPECT_NEAR(loss, ref_loss.item<double>(), 1e-10) << context << ", step " << step;
+          const auto ref_params = ref->named_parameters();
+          for (const auto& [name, param] : mine) {
+            const at::Tensor* r = ref_params.find(name);
+            ASSERT_NE(r, nullptr) << name;
+            ASSERT_TRUE(param.grad().defined()) << context << ": " << name;
+            EXPECT_LE((param.grad() - r->grad()).abs().max().item<double>(), 1e-10) << context << ": " << name;
+            EXPECT_GT(r->grad().abs().max().item<double>(), 0) << name;
+          }
+          opt.step();
+          opt.zero_grad();
+          ref_opt.step();
+          ref_opt.zero_grad();
+        }
+        const auto ref_params = ref->named_parameters();
+        for (const auto& [name, param] : mine)
+          EXPECT_LE((param - *ref_params.find(name)).abs().max().item<double>(), 1e-10) << context << ": " << name;
+      }
+    }
+}
+
+// A child the pipeline cannot call (a type nobody registered), or
+// parameters of the module's own: UsageError on every rank.
+struct UnknownLayerImpl : torch::nn::Module {
+  at::Tensor forward(at::Tensor x) { return x * 2; }
+};
+TORCH_MODULE(UnknownLayer);
+
+struct WithUnknownImpl : torch::nn::Module {
+  WithUnknownImpl() {
+    register_module("first", torch::nn::Linear(3, 3));
+    register_module("odd", UnknownLayer());
+    register_module("last", torch::nn::Linear(3, 3));
+  }
+};
+TORCH_MODULE(WithUnknown);
+
+struct WithOwnParameterImpl : torch::nn::Module {
+  WithOwnParameterImpl() {
+    register_module("first", torch::nn::Linear(3, 3));
+    register_parameter("scale", torch::ones({3}));
+    register_module("last", torch::nn::Linear(3, 3));
+  }
+};
+TORCH_MODULE(WithOwnParameter);
+
+TEST(PipelineErrors, ModuleTheStagesCannotRun) {
+  init(mpi::world_size() % 2 == 0 ? 2 : 1, "interleaved");
+  const std::string unknown = raised<smp::UsageError>([] { smp::DistributedModel m(WithUnknown{}); });
+  EXPECT_CONTAINS(unknown, "child 1 ('odd', a ");
+  EXPECT_CONTAINS(unknown, "UnknownLayerImpl) is not a layer the pipeline can call");
+  EXPECT_CONTAINS(unknown, "smp::register_layer<T>()");
+  EXPECT_CONTAINS(raised<smp::UsageError>([] { smp::DistributedModel m(WithOwnParameter{}); }),
+                  "has parameters of its own ('scale'), outside its children");
+}
+
 // --- errors: on every rank, never a hang -------------------------------------------
 
 TEST(PipelineErrors, FewerLayersThanStages) {

@@ -1,5 +1,6 @@
 // smp::DistributedModel and the pipeline schedules (issue 14,
-// docs/pipeline.md): the stages of a torch::nn::Sequential on the mp group,
+// docs/pipeline.md): the stages of a model (a torch::nn::Sequential or any
+// module of ordered one-tensor children) on the mp group,
 // activations forward and gradients back through the differentiable
 // communicator, and smp::step's per-call state (detail::PipelineStep).
 //
@@ -315,8 +316,10 @@ MPI_Datatype grad_datatype(at::ScalarType t) {
 // --- the model ------------------------------------------------------------------
 
 struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::Impl> {
-  torch::nn::Sequential seq;
-  std::vector<torch::nn::AnyModule> layers;  // this stage's
+  std::shared_ptr<torch::nn::Module> root;                  // the whole model
+  std::vector<std::string> names;                           // every layer's
+  std::vector<std::shared_ptr<torch::nn::Module>> children;  // every layer
+  std::vector<detail::LayerCall> layers;                    // this stage's
   std::vector<int> bounds;
   int stage = 0, stages = 1;
   mpi::Communicator comm;  // the mp group
@@ -502,7 +505,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     stats.wait_seconds += std::chrono::duration<double>(t1 - t0).count();
     int64_t bytes = 0;
     for (auto& layer : layers) {
-      h = layer.forward<at::Tensor>(h);
+      h = layer(h);
       bytes += h.numel() * static_cast<int64_t>(h.element_size());
     }
     stats.busy_seconds += seconds_since(t1);
@@ -618,7 +621,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     if (dp == 1) return;
     std::vector<at::Tensor> local;
     for (int i = bounds[stage]; i < bounds[stage + 1]; ++i)
-      for (auto& p : seq->children()[i]->parameters())
+      for (auto& p : children[i]->parameters())
         if (p.requires_grad()) local.push_back(p);
     std::map<at::ScalarType, std::vector<at::Tensor>> groups;
     for (auto& p : local) groups[p.scalar_type()].push_back(p);
@@ -728,23 +731,96 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   }
 };
 
+namespace {
+
+std::vector<detail::LayerAdapter>& layer_adapters() {
+  static std::vector<detail::LayerAdapter> v;
+  return v;
+}
+
+template <typename Impl>
+detail::LayerCall call_as(const std::shared_ptr<torch::nn::Module>& m) {
+  auto p = std::dynamic_pointer_cast<Impl>(m);
+  if (!p) return {};
+  return [p](const at::Tensor& x) -> at::Tensor { return p->forward(x); };
+}
+
+// How to call a child of a model that is not a Sequential: a Sequential,
+// one of torch::nn's one-tensor modules, or a registered type.
+detail::LayerCall layer_call(const std::shared_ptr<torch::nn::Module>& m) {
+  if (auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(m))
+    return [seq](const at::Tensor& x) -> at::Tensor { return seq->forward(x); };
+  using namespace torch::nn;
+  for (auto f : {&call_as<LinearImpl>, &call_as<Conv1dImpl>, &call_as<Conv2dImpl>, &call_as<EmbeddingImpl>,
+                 &call_as<LayerNormImpl>, &call_as<BatchNorm1dImpl>, &call_as<BatchNorm2dImpl>, &call_as<DropoutImpl>,
+                 &call_as<GELUImpl>, &call_as<ReLUImpl>, &call_as<SiLUImpl>, &call_as<TanhImpl>, &call_as<SigmoidImpl>,
+                 &call_as<IdentityImpl>, &call_as<FlattenImpl>})
+    if (auto c = f(m)) return c;
+  for (const auto& adapter : layer_adapters())
+    if (auto c = adapter(m)) return c;
+  return {};
+}
+
+}  // namespace
+
+void detail::add_layer_adapter(LayerAdapter adapter) { layer_adapters().push_back(std::move(adapter)); }
+
 DistributedModel::DistributedModel(torch::nn::Sequential model, std::vector<int> split_points)
+    : DistributedModel(std::static_pointer_cast<torch::nn::Module>(model.ptr()), std::move(split_points)) {}
+
+DistributedModel::DistributedModel(std::shared_ptr<torch::nn::Module> model, std::vector<int> split_points)
     : impl_(std::make_shared<Impl>()) {
   Impl& m = *impl_;
-  m.seq = model;
+  if (!model) throw UsageError("smp::DistributedModel: the model is a null module");
+  m.root = model;
   m.stage = mp_rank();
   m.stages = mp_size();
-  const int n = static_cast<int>(model->size());
+  // The layers and how to call them; a model the pipeline cannot run is an
+  // error on every rank (agreed below with the layer counts).
+  std::vector<detail::LayerCall> calls;
+  std::string problem;
+  if (auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model)) {
+    size_t i = 0;
+    for (const auto& layer : *seq) {
+      m.names.push_back(std::to_string(i++));
+      m.children.push_back(layer.ptr());
+      calls.push_back([any = torch::nn::AnyModule(layer)](const at::Tensor& x) mutable -> at::Tensor {
+        return any.forward<at::Tensor>(x);
+      });
+    }
+  } else {
+    for (const auto& item : model->named_children()) {
+      m.names.push_back(item.key());
+      m.children.push_back(item.value());
+      calls.push_back(layer_call(item.value()));
+      if (!calls.back() && problem.empty())
+        problem = "child " + std::to_string(m.names.size() - 1) + " ('" + item.key() + "', a " +
+                  item.value()->name() +
+                  ") is not a layer the pipeline can call: a child must be a torch::nn::Sequential, one of "
+                  "torch::nn's one-tensor modules (Linear, Conv1d, Conv2d, Embedding, LayerNorm, BatchNorm1d, "
+                  "BatchNorm2d, Dropout, GELU, ReLU, SiLU, Tanh, Sigmoid, Identity, Flatten) or a type given to "
+                  "smp::register_layer<T>() (T with at::Tensor forward(at::Tensor)); or put the layers in a "
+                  "torch::nn::Sequential";
+    }
+    const auto own = model->named_parameters(/*recurse=*/false);
+    if (problem.empty() && own.size() > 0)
+      problem = "the model (a " + model->name() + ") has parameters of its own ('" + own.begin()->key() +
+                "'), outside its children; the pipeline runs only the children, so they would not be trained: "
+                "move them into a child";
+  }
+  const int n = static_cast<int>(m.children.size());
   // Every rank of the replica must have built the same number of layers.
-  const auto counts = allgather(n, MP_GROUP);
+  const auto counts = allgather(problem.empty() ? std::to_string(n) : "!" + problem, MP_GROUP);
   for (int s = 0; s < m.stages; ++s)
-    if (counts[s] != n)
-      throw UsageError("smp::DistributedModel: the stages built different models: stage 0 has " +
-                       std::to_string(counts[0]) + " layers, stage " + std::to_string(s) + " has " +
-                       std::to_string(counts[s]));
+    if (!counts[s].empty() && counts[s][0] == '!')
+      throw UsageError("smp::DistributedModel: on stage " + std::to_string(s) + ", " + counts[s].substr(1));
+  for (int s = 0; s < m.stages; ++s)
+    if (counts[s] != counts[0])
+      throw UsageError("smp::DistributedModel: the stages built different models: stage 0 has " + counts[0] +
+                       " layers, stage " + std::to_string(s) + " has " + counts[s]);
   if (split_points.empty()) {
     std::vector<int64_t> params;
-    for (const auto& child : model->children()) {
+    for (const auto& child : m.children) {
       int64_t c = 0;
       for (const auto& p : child->parameters()) c += p.numel();
       params.push_back(c);
@@ -766,8 +842,7 @@ DistributedModel::DistributedModel(torch::nn::Sequential model, std::vector<int>
     }
     m.bounds.push_back(n);
   }
-  auto it = model->begin();
-  for (int i = m.bounds[m.stage]; i < m.bounds[m.stage + 1]; ++i) m.layers.push_back(*(it + i));
+  for (int i = m.bounds[m.stage]; i < m.bounds[m.stage + 1]; ++i) m.layers.push_back(calls[i]);
   m.raw = communicator(MP_GROUP);
   m.comm = mpi::Communicator::wrap(m.raw);
 }
@@ -812,10 +887,9 @@ std::vector<at::Tensor> DistributedModel::parameters() const {
 
 std::vector<std::pair<std::string, at::Tensor>> DistributedModel::named_parameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : impl_->seq->named_parameters()) {
-    const int layer = std::stoi(item.key().substr(0, item.key().find('.')));
-    if (layer >= first_layer() && layer < end_layer()) out.emplace_back(item.key(), item.value());
-  }
+  for (int i = first_layer(); i < end_layer(); ++i)
+    for (const auto& item : impl_->children[i]->named_parameters())
+      out.emplace_back(impl_->names[i] + "." + item.key(), item.value());
   return out;
 }
 

@@ -13,7 +13,8 @@
 //   smp::StepOutput losses = train(x, y);        // the last stage's losses, on every rank
 //   opt.step(); opt.zero_grad();
 //
-// The Sequential's children are split into mp_size stages of consecutive
+// The model's layers (a Sequential's children, or any module's ordered
+// children, docs/pipeline.md) are split into mp_size stages of consecutive
 // layers (explicit split points, or balanced by parameter count); stage s
 // runs on mp rank s. Activations travel forward, and their gradients back,
 // through partita::mpi::Communicator's differentiable isend/irecv on the mp
@@ -28,10 +29,14 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,6 +94,26 @@ struct PipelineStats {
   int forwards = 0, backwards = 0;
 };
 
+namespace detail {
+using LayerCall = std::function<at::Tensor(const at::Tensor&)>;
+// Returns an empty LayerCall when the module is not of the adapter's type.
+using LayerAdapter = std::function<LayerCall(const std::shared_ptr<torch::nn::Module>&)>;
+void add_layer_adapter(LayerAdapter adapter);
+}  // namespace detail
+
+// A module type the pipeline may call as a layer of a model that is not a
+// torch::nn::Sequential (docs/pipeline.md): `Impl` (the module class, e.g.
+// BlockImpl of TORCH_MODULE(Block)) has at::Tensor forward(at::Tensor).
+// Call it on every rank, before building the DistributedModel.
+template <typename Impl>
+void register_layer() {
+  detail::add_layer_adapter([](const std::shared_ptr<torch::nn::Module>& m) -> detail::LayerCall {
+    auto p = std::dynamic_pointer_cast<Impl>(m);
+    if (!p) return {};
+    return [p](const at::Tensor& x) -> at::Tensor { return p->forward(x); };
+  });
+}
+
 class DistributedModel {
  public:
   // Collective over the mp group (smp::init first). `split_points`: empty
@@ -98,6 +123,21 @@ class DistributedModel {
   // on every rank when the model has fewer layers than stages, the ranks'
   // models have different layer counts, or the split points are bad.
   explicit DistributedModel(torch::nn::Sequential model, std::vector<int> split_points = {});
+  // Any other module whose layers are its children: named_children(), in
+  // the order they were registered, are the layers, and the module's
+  // forward must be their chain, child(...child(x)) (the pipeline runs the
+  // chain, never the module's own forward). Each child is called with one
+  // tensor and returns one: a torch::nn::Sequential, one of torch::nn's
+  // one-tensor modules (Linear, Conv1d, Conv2d, Embedding, LayerNorm,
+  // BatchNorm1d, BatchNorm2d, Dropout, GELU, ReLU, SiLU, Tanh, Sigmoid,
+  // Identity, Flatten), or a type given to register_layer<T>(). UsageError
+  // on every rank for another child, or for parameters of the module's own
+  // (outside its children). Parameter names are the module's own
+  // ("block1.fc.weight").
+  explicit DistributedModel(std::shared_ptr<torch::nn::Module> model, std::vector<int> split_points = {});
+  template <typename M, typename = std::enable_if_t<!std::is_same_v<M, torch::nn::SequentialImpl>>>
+  explicit DistributedModel(const torch::nn::ModuleHolder<M>& model, std::vector<int> split_points = {})
+      : DistributedModel(std::static_pointer_cast<torch::nn::Module>(model.ptr()), std::move(split_points)) {}
 
   // Inside smp::step, once per microbatch: stage 0 runs on x, the others on
   // what the previous stage sends (x only gives the shape they check). The
