@@ -135,7 +135,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // dp group's; the others on the mp group's.
 enum TagKind { kAct = 0, kHeader = 1, kShape = 2, kAbort = 3, kReturned = 4, kFingerprint = 5, kGrads = 6, kDone = 7 };
 constexpr int kTagBase = 1400;
-constexpr int kEpochs = 1 << 20;
+constexpr long kMaxEpochs = 1 << 20;
 constexpr int64_t kMagic = 0x45504950;  // "PIPE"
 constexpr int kMaxDims = 12;
 constexpr int kHeaderWords = 6 + 2 * kMaxDims;  // magic, status, mb, dtype, ndim, dims, xndim, xdims
@@ -155,6 +155,7 @@ struct StepState {
   std::string fingerprint;
   DistributedModel::Impl* model = nullptr;
   long epoch = 0;
+  long epochs = kMaxEpochs;        // step numbers are taken modulo this
   MPI_Comm world = MPI_COMM_NULL;  // smp's, for kAbort and kDone
   bool listening = false;          // pipelined: more than one rank
   bool aborted = false;            // this rank raised because another failed
@@ -164,7 +165,17 @@ struct StepState {
 };
 StepState* g_step = nullptr;
 
-int tag_of(int kind) { return kTagBase + kind + 8 * static_cast<int>(g_step->epoch % kEpochs); }
+int tag_of(int kind) { return kTagBase + kind + 8 * static_cast<int>(g_step->epoch % g_step->epochs); }
+
+// As many step numbers as fit below the Communicator's largest tag (half of
+// MPI_TAG_UB: the adjoint messages use the upper half), at most 2^20.
+long epochs_for(MPI_Comm comm) {
+  int* ub = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag);
+  const long max_tag = (flag && ub ? *ub : 32767) / 2;
+  return std::max(1L, std::min(kMaxEpochs, (max_tag - kTagBase - 8) / 8));
+}
 
 // Things a failed step leaves to MPI: never freed.
 std::vector<std::shared_ptr<void>>& abandoned() {
@@ -912,6 +923,7 @@ PipelineStep::PipelineStep(int microbatches, std::string fingerprint) {
   if (pipelined && size() > 1) {
     g_step->epoch = next_step_number();
     g_step->world = communicator(WORLD);
+    g_step->epochs = epochs_for(g_step->world);
     g_step->listening = true;
     g_step->check = [] { check_abort(); };
     g_step->interrupt = std::make_unique<mpi::ScopedWaitInterrupt>(&g_step->check);
