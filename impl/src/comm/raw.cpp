@@ -140,9 +140,8 @@ at::Tensor raw_allgather(const CommState& s, const at::Tensor& x, int64_t axis,
   } else if (out.numel() > 0) {
     MPI_Request req;
     const MPI_Datatype type = comm_datatype(x.scalar_type());
-    PARTITA_MPI_CHECK(MPI_Iallgatherv(front.data_ptr(), mpi_count(front.numel(), what), type,
-                                      out.data_ptr(), counts.data(), displs.data(), type, s.comm,
-                                      &req));
+    iallgather_blocks(front.data_ptr(), mpi_count(front.numel(), what), type, out.data_ptr(),
+                      counts, displs, s.comm, &req);
     wait(req, what.c_str());
   }
   return back_from(out, axis);
@@ -251,9 +250,14 @@ at::Tensor raw_alltoall(const CommState& s, const at::Tensor& x, int64_t gather_
   } else {
     MPI_Request req;
     const MPI_Datatype type = comm_datatype(x.scalar_type());
-    PARTITA_MPI_CHECK(MPI_Ialltoallv(front.data_ptr(), scounts.data(), sdispls.data(), type,
-                                     recv.data_ptr(), rcounts.data(), rdispls.data(), type,
-                                     s.comm, &req));
+    // Equal blocks everywhere: every rank sends every other the same
+    // number of rows of the same extents (numelem and gextents are agreed).
+    const bool uniform =
+        gather_axis != scatter_axis &&
+        std::all_of(numelem.begin(), numelem.end(), [&](int64_t n) { return n == numelem[0]; }) &&
+        std::all_of(gextents.begin(), gextents.end(), [&](int64_t g) { return g == gextents[0]; });
+    ialltoall_blocks(uniform, front.data_ptr(), scounts, sdispls, recv.data_ptr(), rcounts,
+                     rdispls, type, s.comm, &req);
     wait(req, what.c_str());
   }
   // The received blocks, each with scatter_axis in front.

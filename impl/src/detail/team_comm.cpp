@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <climits>
+#include <stdexcept>
 #include <cstring>
 
 #include "partita/mpi/runtime.hpp"
@@ -24,6 +25,40 @@ Header make_header(const at::Tensor& x) {
   h.ndim = x.dim();
   for (int d = 0; d < x.dim(); ++d) h.dims[d] = x.size(d);
   return h;
+}
+
+namespace {
+// Every count equals counts[0] and block i starts at i * counts[0].
+bool regular_blocks(const std::vector<int>& counts, const std::vector<int>& displs) {
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (counts[i] != counts[0] || displs[i] != static_cast<int>(i) * counts[0]) return false;
+  return true;
+}
+}  // namespace
+
+void iallgather_blocks(const void* send, int count, MPI_Datatype type, void* recv,
+                       const std::vector<int>& counts, const std::vector<int>& displs,
+                       MPI_Comm comm, MPI_Request* req) {
+  if (!counts.empty() && regular_blocks(counts, displs))
+    PARTITA_MPI_CHECK(MPI_Iallgather(send, count, type, recv, counts[0], type, comm, req));
+  else
+    PARTITA_MPI_CHECK(MPI_Iallgatherv(send, count, type, recv, counts.data(), displs.data(), type,
+                                      comm, req));
+}
+
+void ialltoall_blocks(bool uniform, const void* send, const std::vector<int>& scounts,
+                      const std::vector<int>& sdispls, void* recv, const std::vector<int>& rcounts,
+                      const std::vector<int>& rdispls, MPI_Datatype type, MPI_Comm comm,
+                      MPI_Request* req) {
+  if (uniform) {
+    if (scounts.empty() || !regular_blocks(scounts, sdispls) || !regular_blocks(rcounts, rdispls) ||
+        scounts[0] != rcounts[0])
+      throw std::logic_error("ialltoall_blocks: blocks said to be uniform are not");
+    PARTITA_MPI_CHECK(MPI_Ialltoall(send, scounts[0], type, recv, rcounts[0], type, comm, req));
+  } else {
+    PARTITA_MPI_CHECK(MPI_Ialltoallv(send, scounts.data(), sdispls.data(), type, recv,
+                                     rcounts.data(), rdispls.data(), type, comm, req));
+  }
 }
 
 std::vector<Header> exchange_headers(const Partition& P, const Header& mine, const char* what) {
@@ -269,10 +304,8 @@ at::Tensor allgather_dim(const Partition& team, const at::Tensor& x, int64_t dim
   at::Tensor staged = at::empty({outer * total * inner}, c.options());
   if (staged.numel() > 0) {
     MPI_Request req;
-    PARTITA_MPI_CHECK(MPI_Iallgatherv(c.data_ptr(), mpi_count(c.numel(), what),
-                                      mpi_datatype(c.scalar_type()), staged.data_ptr(),
-                                      counts.data(), displs.data(),
-                                      mpi_datatype(c.scalar_type()), team.comm(), &req));
+    iallgather_blocks(c.data_ptr(), mpi_count(c.numel(), what), mpi_datatype(c.scalar_type()),
+                      staged.data_ptr(), counts, displs, team.comm(), &req);
     wait(req, what.c_str());
   }
   if (outer == 1) return staged.view(out_sizes);
