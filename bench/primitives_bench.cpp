@@ -219,22 +219,29 @@ int64_t square_side(const benchmark::State& s) {
   return side / world_size() * world_size();
 }
 
-void repartition_fwd(benchmark::State& s) {
-  const int p = world_size();
-  const int64_t side = square_side(s);
+// The layer of every rows-to-columns benchmark: P_x = ranks x 1 -> 1 x ranks.
+partita::nn::Repartition& rows_to_columns() {
   static std::unique_ptr<partita::nn::Repartition> layer;
   if (!layer) {
+    const int p = world_size();
     const auto world = partita::mpi::Partition::world();
     layer = std::make_unique<partita::nn::Repartition>(
         world.create_cartesian_topology_partition({p, 1}),
         world.create_cartesian_topology_partition({1, p}));
   }
+  return *layer;
+}
+
+void repartition_fwd(benchmark::State& s) {
+  const int p = world_size();
+  const int64_t side = square_side(s);
+  auto& layer = rows_to_columns();
   const at::Tensor x = torch::randn({side / p, side});
   const int64_t block = (side / p) * (side / p);
   at::Tensor send = data(block * p, false), recv = data(block * p, false);
   std::vector<int> counts(p, static_cast<int>(block)), displs(p);
   for (int i = 0; i < p; ++i) displs[i] = i * static_cast<int>(block);
-  paired(s, side * side * 4, [&] { benchmark::DoNotOptimize((*layer)(x)); }, [&] {
+  paired(s, side * side * 4, [&] { benchmark::DoNotOptimize(layer(x)); }, [&] {
     MPI_Alltoallv(send.data_ptr(), counts.data(), displs.data(), MPI_FLOAT, recv.data_ptr(),
                   counts.data(), displs.data(), MPI_FLOAT, world_comm());
   });
@@ -246,60 +253,32 @@ void repartition_fwd(benchmark::State& s) {
 // x) into a contiguous send buffer, one MPI_Alltoallv, and receive straight
 // into the output, where each source's block is a contiguous run of rows
 // (so there is nothing to unpack). repartition_fwd's contiguous Alltoallv,
-// without the packing, stays as the lower bound.
-void repartition_packed_fwd(benchmark::State& s) {
-  const int p = world_size();
-  const int64_t side = square_side(s), b = side / p;
-  static std::unique_ptr<partita::nn::Repartition> layer;
-  if (!layer) {
-    const auto world = partita::mpi::Partition::world();
-    layer = std::make_unique<partita::nn::Repartition>(
-        world.create_cartesian_topology_partition({p, 1}),
-        world.create_cartesian_topology_partition({1, p}));
+// without the packing, stays as the lower bound. The reverse (the adjoint)
+// sends each source's rows of the gradient as they are and unpacks them
+// into the strided columns of the input's gradient.
+struct PackedTranspose {
+  int p = world_size();
+  int64_t side, b;
+  std::vector<int> counts, displs;
+  at::Tensor packed, landing;
+  explicit PackedTranspose(int64_t side_) : side(side_), b(side_ / world_size()) {
+    counts.assign(p, static_cast<int>(b * b));
+    for (int i = 0; i < p; ++i) displs.push_back(i * static_cast<int>(b * b));
+    packed = data(b * side, false);
+    landing = data(b * side, false);
   }
-  const at::Tensor x = torch::randn({b, side});
-  at::Tensor send = data(b * side, false), out = data(b * side, false);
-  std::vector<int> counts(p, static_cast<int>(b * b)), displs(p);
-  for (int i = 0; i < p; ++i) displs[i] = i * static_cast<int>(b * b);
-  paired(s, side * side * 4, [&] { benchmark::DoNotOptimize((*layer)(x)); }, [&] {
+  // x [b, side] row block -> out [side, b] column block.
+  void forward(const at::Tensor& x, at::Tensor& out) {
     const float* src = x.data_ptr<float>();
-    float* packed = send.data_ptr<float>();
+    float* buf = packed.data_ptr<float>();
     for (int j = 0; j < p; ++j)
       for (int64_t r = 0; r < b; ++r)
-        std::memcpy(packed + j * b * b + r * b, src + r * side + j * b, b * sizeof(float));
-    MPI_Alltoallv(packed, counts.data(), displs.data(), MPI_FLOAT, out.data_ptr(), counts.data(),
+        std::memcpy(buf + j * b * b + r * b, src + r * side + j * b, b * sizeof(float));
+    MPI_Alltoallv(buf, counts.data(), displs.data(), MPI_FLOAT, out.data_ptr(), counts.data(),
                   displs.data(), MPI_FLOAT, world_comm());
-  });
-}
-
-// Forward then backward beside the fair twin's pair: the forward above,
-// then the reverse (each source's column block of the gradient is a
-// contiguous run of its rows, sent as it is; received into a contiguous
-// buffer and unpacked into the strided columns of the input's gradient).
-void repartition_packed_fwdbwd(benchmark::State& s) {
-  const int p = world_size();
-  const int64_t side = square_side(s), b = side / p;
-  static std::unique_ptr<partita::nn::Repartition> layer;
-  if (!layer) {
-    const auto world = partita::mpi::Partition::world();
-    layer = std::make_unique<partita::nn::Repartition>(
-        world.create_cartesian_topology_partition({p, 1}),
-        world.create_cartesian_topology_partition({1, p}));
   }
-  const at::Tensor x = torch::randn({b, side}).requires_grad_(true);
-  const at::Tensor dy = torch::randn({side, b});
-  at::Tensor send = data(b * side, false), out = data(b * side, false);
-  at::Tensor landing = data(b * side, false), dx = data(b * side, false);
-  std::vector<int> counts(p, static_cast<int>(b * b)), displs(p);
-  for (int i = 0; i < p; ++i) displs[i] = i * static_cast<int>(b * b);
-  paired(s, side * side * 4, [&] { fwdbwd(*layer, x, dy); }, [&] {
-    const float* src = x.data_ptr<float>();
-    float* packed = send.data_ptr<float>();
-    for (int j = 0; j < p; ++j)
-      for (int64_t r = 0; r < b; ++r)
-        std::memcpy(packed + j * b * b + r * b, src + r * side + j * b, b * sizeof(float));
-    MPI_Alltoallv(packed, counts.data(), displs.data(), MPI_FLOAT, out.data_ptr(), counts.data(),
-                  displs.data(), MPI_FLOAT, world_comm());
+  // dy [side, b] -> dx [b, side].
+  void reverse(const at::Tensor& dy, at::Tensor& dx) {
     MPI_Alltoallv(dy.data_ptr(), counts.data(), displs.data(), MPI_FLOAT, landing.data_ptr(),
                   counts.data(), displs.data(), MPI_FLOAT, world_comm());
     const float* l = landing.data_ptr<float>();
@@ -307,6 +286,23 @@ void repartition_packed_fwdbwd(benchmark::State& s) {
     for (int j = 0; j < p; ++j)
       for (int64_t r = 0; r < b; ++r)
         std::memcpy(g + r * side + j * b, l + j * b * b + r * b, b * sizeof(float));
+  }
+};
+void repartition_packed_fwd(benchmark::State& s) {
+  PackedTranspose t(square_side(s));
+  const at::Tensor x = torch::randn({t.b, t.side});
+  at::Tensor out = data(t.b * t.side, false);
+  paired(s, t.side * t.side * 4, [&] { benchmark::DoNotOptimize(rows_to_columns()(x)); },
+         [&] { t.forward(x, out); });
+}
+void repartition_packed_fwdbwd(benchmark::State& s) {
+  PackedTranspose t(square_side(s));
+  const at::Tensor x = torch::randn({t.b, t.side}).requires_grad_(true);
+  const at::Tensor dy = torch::randn({t.side, t.b});
+  at::Tensor out = data(t.b * t.side, false), dx = data(t.b * t.side, false);
+  paired(s, t.side * t.side * 4, [&] { fwdbwd(rows_to_columns(), x, dy); }, [&] {
+    t.forward(x, out);
+    t.reverse(dy, dx);
   });
 }
 
