@@ -188,6 +188,7 @@ TEST_P(Functional, HaloExchangeInPlace) {
   const Shape window{5 / g.k + (i[0] < 5 % g.k) + 2, 7 / g.m + (i[1] < 7 % g.m) + 2};
   const at::Tensor w = random(window, 9, GetParam());
   const at::Tensor c = random(window, 10, GetParam());  // the cotangent
+  const at::Tensor pristine = c.clone();                 // never handed to autograd
   const F::HaloExchangePlan ph(full, {1, 1}, {1, 1});
   nn::HaloExchange module(full, Shape{1, 1}, Shape{1, 1}, nn::HaloExchangeImpl::Storage::kInPlace);
 
@@ -195,6 +196,10 @@ TEST_P(Functional, HaloExchangeInPlace) {
   const at::Tensor leaf0 = w.clone().requires_grad_(true);
   const at::Tensor y0 = F::halo_exchange(leaf0, ph);
   torch::autograd::backward({y0}, {c});
+  // A cotangent the caller holds is never changed (had it been, every
+  // later use of c would carry the change and could hide it: the adjoint
+  // of an adjoint's output is that output).
+  EXPECT_TRUE(agreed(same_bits(c, pristine))) << "out of place, rank " << mpi::world_rank();
 
   struct Form {
     const char* name;
@@ -218,7 +223,7 @@ TEST_P(Functional, HaloExchangeInPlace) {
     ok = ok && same_bits(y.detach(), y0.detach());
     if (f.held) {
       torch::autograd::backward({y}, {held});
-      ok = ok && same_bits(held, c);  // the caller's cotangent is untouched
+      ok = ok && same_bits(held, pristine);  // the caller's cotangent is untouched
     } else {
       (y * c).sum().backward();
     }
