@@ -86,7 +86,6 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
         return p;
       }
     }
-    p.offset = -1;
     p.type = std::make_shared<const BoxType>(full, box, element, what);
     return p;
   }

@@ -221,16 +221,24 @@ struct AdjointNode : torch::autograd::Node {
 
 }  // namespace
 
-at::Tensor with_adjoint(at::Tensor out, const at::Tensor& x, bool attach,
-                        const std::string& name, Adjoint adjoint) {
-  if (!attach || !at::isFloatingType(out.scalar_type())) return out;
+namespace {
+// The node of an output shaped like `like`, whose inputs are x's history.
+std::shared_ptr<AdjointNode> make_node(const at::Tensor& like, const at::Tensor& x,
+                                       const std::string& name, Adjoint adjoint) {
   auto node = std::shared_ptr<AdjointNode>(new AdjointNode(), torch::autograd::deleteNode);
   node->label = name;
   node->adjoint = std::move(adjoint);
-  node->out_sizes = out.sizes().vec();
-  node->out_options = out.options();
+  node->out_sizes = like.sizes().vec();
+  node->out_options = like.options();
   node->set_next_edges(torch::autograd::collect_next_edges(x));
-  torch::autograd::set_history(out, node);
+  return node;
+}
+}  // namespace
+
+at::Tensor with_adjoint(at::Tensor out, const at::Tensor& x, bool attach,
+                        const std::string& name, Adjoint adjoint) {
+  if (!attach || !at::isFloatingType(out.scalar_type())) return out;
+  torch::autograd::set_history(out, make_node(out, x, name, std::move(adjoint)));
   return out;
 }
 
@@ -238,12 +246,7 @@ at::Tensor with_adjoint_in_place(const at::Tensor& x, bool attach, const std::st
                                  Adjoint adjoint) {
   torch::autograd::impl::bump_version(x);
   if (!attach || !at::isFloatingType(x.scalar_type()) || !at::GradMode::is_enabled()) return x;
-  auto node = std::shared_ptr<AdjointNode>(new AdjointNode(), torch::autograd::deleteNode);
-  node->label = name;
-  node->adjoint = std::move(adjoint);
-  node->out_sizes = x.sizes().vec();
-  node->out_options = x.options();
-  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  auto node = make_node(x, x, name, std::move(adjoint));
   const auto input_nr = node->add_input_metadata(x);
   torch::autograd::impl::rebase_history(x, {node, input_nr});
   return x;
