@@ -21,7 +21,7 @@ using namespace partita::mpi::detail;
 // The autograd node keeps the layer alive (shared_from_this): backward may
 // run after the module that made the output is gone.
 struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
-  std::string name;
+  std::string name, adjoint_name;
   mpi::Partition P_x, P_y, P_union;
   std::vector<int> union_rank;  // world rank -> rank in P_union (-1: not in it)
   RepartitionExchange how = RepartitionExchange::kPointToPoint;
@@ -62,42 +62,73 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
     return c;
   }
 
-  // How one piece travels, fixed once per plan: a contiguous run of its
-  // tensor goes as plain elements at its offset (MPI's single-copy path);
-  // a strided piece is addressed by a subarray datatype when small, and
-  // packed into (or unpacked from) a contiguous buffer by partita when
-  // large, as a hand-written exchange would: MPICH moves a large strided
-  // datatype through its two-copy path, measured 1.4x slower than packing
-  // plus a contiguous message at 16 MiB (docs/benchmarks.md).
+  // How one piece travels, fixed once per plan. Point-to-point: a
+  // contiguous run of its tensor goes as plain elements at its offset
+  // (MPI's single-copy path); a strided piece is packed into (or received
+  // into and unpacked from) a contiguous buffer by partita's own memcpy
+  // loops, as a hand-written exchange does. MPICH moves a large strided
+  // datatype through its two-copy path (1.4x slower than packing at 16 MiB),
+  // and at 4 KiB its datatype engine plus a torch view and copy for the
+  // rank's own piece were most of the call (docs/benchmarks.md). Alltoallw:
+  // every piece is addressed by a subarray datatype.
   struct Piece {
-    std::shared_ptr<const BoxType> type;  // null: contiguous, or staged
+    std::shared_ptr<const BoxType> type;  // alltoallw only
     int64_t offset = -1;                  // >= 0: a contiguous run at this offset
-    bool staged = false;                  // packed / unpacked by partita
+    BoxCopy pack, unpack;                 // a strided piece (offset < 0): to and from its buffer
   };
-  static constexpr int64_t kStageBytes = 64 << 10;
-  static Piece piece(const Shape& full, const Box& box, MPI_Datatype element, size_t elsize,
+  static Piece piece(const Shape& full, const Box& box, MPI_Datatype element, int64_t elsize,
                      bool alltoallw, const std::string& what) {
     Piece p;
-    if (!alltoallw && box.size() > 0) {
+    if (alltoallw) {
+      p.type = std::make_shared<const BoxType>(full, box, element, what);
+    } else if (box.size() > 0) {
       p.offset = contiguous_offset(full, box);
-      if (p.offset >= 0) return p;
-      if (box.size() * static_cast<int64_t>(elsize) >= kStageBytes) {
-        p.staged = true;
-        return p;
+      if (p.offset < 0) {
+        p.pack = box_pack(full, box, elsize);
+        p.unpack = box_unpack(full, box, elsize);
       }
     }
-    p.type = std::make_shared<const BoxType>(full, box, element, what);
     return p;
   }
   using Pieces = std::vector<Piece>;
 
-  // Moves `sends` slices of `src` into `recvs` slices of `dst` (both
-  // contiguous), each as its Piece says. What stays on this rank is copied
-  // while the messages travel (point-to-point) or by MPI itself
-  // (alltoallw).
-  void exchange(const std::vector<Transfer>& sends, const Pieces& sp,
-                const std::vector<Transfer>& recvs, const Pieces& rp, const at::Tensor& src,
-                at::Tensor& dst, const std::string& what) const {
+  // One direction of the exchange: `sends` slices of the source into
+  // `recvs` slices of the destination, each as its Piece says, and the
+  // rank's own piece copied while the messages travel (point-to-point) or
+  // moved by MPI itself (alltoallw).
+  struct Direction {
+    const std::vector<Transfer>* sends = nullptr;
+    const Pieces* sp = nullptr;
+    const std::vector<Transfer>* recvs = nullptr;
+    const Pieces* rp = nullptr;
+    const BoxCopy* self = nullptr;  // the own piece, source box to destination box
+    int64_t packed_bytes = 0, landing_bytes = 0;  // strided sends / receives, in all
+  };
+
+  // A staging buffer of `bytes`: plain heap memory when small, a tensor
+  // (the buffer cache's, when it is on) when large.
+  struct Staging {
+    std::unique_ptr<char[]> small;
+    at::Tensor large;
+    char* data = nullptr;
+    explicit Staging(int64_t bytes) {
+      if (bytes <= 0) return;
+      if (bytes < (64 << 10)) {
+        small.reset(new char[static_cast<size_t>(bytes)]);
+        data = small.get();
+      } else {
+        large = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+        data = static_cast<char*>(large.data_ptr());
+      }
+    }
+  };
+
+  void exchange(const Direction& dir, const at::Tensor& src, at::Tensor& dst,
+                const std::string& what) const {
+    const auto& sends = *dir.sends;
+    const auto& recvs = *dir.recvs;
+    const auto& sp = *dir.sp;
+    const auto& rp = *dir.rp;
     const int me = mpi::world_rank();
     const MPI_Datatype element = mpi_datatype(src.numel() ? src.scalar_type() : dst.scalar_type());
     if (how == RepartitionExchange::kAlltoallw) {
@@ -120,55 +151,45 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
       return;
     }
     const int64_t elsize = static_cast<int64_t>(src.numel() ? src.element_size() : dst.element_size());
-    auto at_offset = [&](const at::Tensor& t, int64_t offset) {
-      return static_cast<char*>(t.data_ptr()) + offset * elsize;
-    };
+    char* const src_data = static_cast<char*>(src.data_ptr());
+    char* const dst_data = static_cast<char*>(dst.data_ptr());
+    Staging packed(dir.packed_bytes), landing(dir.landing_bytes);
     std::vector<MPI_Request> reqs;
     reqs.reserve(sends.size() + recvs.size());
-    std::vector<std::pair<size_t, at::Tensor>> landing;  // staged receives, unpacked after
-    std::vector<at::Tensor> packed;                      // staged sends, alive until sent
+    std::vector<std::pair<size_t, char*>> landed;  // strided receives, unpacked after
+    char* next = landing.data;
     for (size_t i = 0; i < recvs.size(); ++i) {
-      if (recvs[i].partner == me || recvs[i].slice.size() == 0) continue;
+      const int64_t n = recvs[i].slice.size();
+      if (recvs[i].partner == me || n == 0) continue;
       const int from = union_rank.at(recvs[i].partner);
-      reqs.emplace_back();
-      if (rp[i].staged) {
-        landing.emplace_back(i, at::empty(recvs[i].slice.len, dst.options()));
-        PARTITA_MPI_CHECK(MPI_Irecv(landing.back().second.data_ptr(),
-                                    mpi_count(recvs[i].slice.size(), what), element, from, 0,
-                                    P_union.comm(), &reqs.back()));
-      } else if (rp[i].offset >= 0) {
-        PARTITA_MPI_CHECK(MPI_Irecv(at_offset(dst, rp[i].offset),
-                                    mpi_count(recvs[i].slice.size(), what), element, from, 0,
-                                    P_union.comm(), &reqs.back()));
-      } else {
-        PARTITA_MPI_CHECK(MPI_Irecv(dst.data_ptr(), 1, rp[i].type->get(), from, 0, P_union.comm(),
-                                    &reqs.back()));
+      char* at = dst_data + rp[i].offset * elsize;
+      if (rp[i].offset < 0) {
+        at = next;
+        next += n * elsize;
+        landed.emplace_back(i, at);
       }
+      reqs.emplace_back();
+      PARTITA_MPI_CHECK(MPI_Irecv(at, mpi_count(n, what), element, from, 0, P_union.comm(),
+                                  &reqs.back()));
     }
+    next = packed.data;
     for (size_t i = 0; i < sends.size(); ++i) {
-      if (sends[i].partner == me || sends[i].slice.size() == 0) continue;
+      const int64_t n = sends[i].slice.size();
+      if (sends[i].partner == me || n == 0) continue;
       const int to = union_rank.at(sends[i].partner);
-      reqs.emplace_back();
-      if (sp[i].staged) {
-        packed.push_back(narrow_to(src, sends[i].slice).contiguous());
-        PARTITA_MPI_CHECK(MPI_Isend(packed.back().data_ptr(), mpi_count(sends[i].slice.size(), what),
-                                    element, to, 0, P_union.comm(), &reqs.back()));
-      } else if (sp[i].offset >= 0) {
-        PARTITA_MPI_CHECK(MPI_Isend(at_offset(src, sp[i].offset),
-                                    mpi_count(sends[i].slice.size(), what), element, to, 0,
-                                    P_union.comm(), &reqs.back()));
-      } else {
-        PARTITA_MPI_CHECK(MPI_Isend(src.data_ptr(), 1, sp[i].type->get(), to, 0, P_union.comm(),
-                                    &reqs.back()));
+      char* at = src_data + sp[i].offset * elsize;
+      if (sp[i].offset < 0) {
+        at = next;
+        next += n * elsize;
+        sp[i].pack(src_data, at);
       }
+      reqs.emplace_back();
+      PARTITA_MPI_CHECK(MPI_Isend(at, mpi_count(n, what), element, to, 0, P_union.comm(),
+                                  &reqs.back()));
     }
-    for (const auto& s : sends) {
-      if (s.partner != me) continue;
-      for (const auto& r : recvs)
-        if (r.partner == me) narrow_to(dst, r.slice).copy_(narrow_to(src, s.slice));
-    }
+    if (dir.self) (*dir.self)(src_data, dst_data);
     mpi::wait_all(reqs, what.c_str());
-    for (const auto& [i, buffer] : landing) narrow_to(dst, recvs[i].slice).copy_(buffer);
+    for (const auto& [i, buffer] : landed) rp[i].unpack(buffer, dst_data);
   }
 
   // A call's plan (plans made once, detail/plan_cache.hpp): the pieces, the
@@ -177,10 +198,21 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
   struct Compiled {
     RepartitionPlan p;
     Pieces send_pieces, recv_pieces;  // per p.sends (in x) / p.recvs (in y)
+    BoxCopy self_x_to_y, self_y_to_x;  // the rank's own piece (point-to-point)
+    bool has_self = false;
+    int64_t strided_send_bytes = 0, strided_recv_bytes = 0;  // staged, in x / in y
     at::ScalarType dtype = at::kFloat;
     Shape x_shape;
     bool covers_x = false;  // the pieces sent cover all of x (they tile it)
     bool attach = false;
+    Direction forward() const {
+      return {&p.sends, &send_pieces, &p.recvs, &recv_pieces, has_self ? &self_x_to_y : nullptr,
+              strided_send_bytes, strided_recv_bytes};
+    }
+    Direction adjoint() const {  // the same pieces, directions swapped
+      return {&p.recvs, &recv_pieces, &p.sends, &send_pieces, has_self ? &self_y_to_x : nullptr,
+              strided_recv_bytes, strided_send_bytes};
+    }
   };
   PlanCache<Compiled> plans;
 
@@ -200,18 +232,33 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
     const MPI_Datatype element = mpi_datatype(c->dtype);
     const Shape y_shape = P_y.active() ? c->p.out_shape : Shape{0};
     const int me = mpi::world_rank();
-    // Self-transfers are copied, not sent: nothing to plan, except that
-    // alltoallw moves them too.
+    // Self-transfers are copied, not sent: nothing to plan but the copy,
+    // except that alltoallw moves them too.
     const bool all = how == RepartitionExchange::kAlltoallw;
-    const size_t elsize = c10::elementSize(c->dtype);
-    for (const auto& s : c->p.sends)
+    const int64_t elsize = static_cast<int64_t>(c10::elementSize(c->dtype));
+    const Box* self_send = nullptr;
+    const Box* self_recv = nullptr;
+    for (const auto& s : c->p.sends) {
+      if (s.partner == me && !all) self_send = &s.slice;
       c->send_pieces.push_back(s.partner != me || all
                                    ? piece(c->x_shape, s.slice, element, elsize, all, name)
                                    : Piece{});
-    for (const auto& r : c->p.recvs)
+      if (s.partner != me && c->send_pieces.back().offset < 0)
+        c->strided_send_bytes += s.slice.size() * elsize;
+    }
+    for (const auto& r : c->p.recvs) {
+      if (r.partner == me && !all) self_recv = &r.slice;
       c->recv_pieces.push_back(r.partner != me || all
                                    ? piece(y_shape, r.slice, element, elsize, all, name)
                                    : Piece{});
+      if (r.partner != me && c->recv_pieces.back().offset < 0)
+        c->strided_recv_bytes += r.slice.size() * elsize;
+    }
+    if (self_send && self_recv && self_send->size() > 0) {
+      c->has_self = true;
+      c->self_x_to_y = box_copy(c->x_shape, *self_send, y_shape, *self_recv, elsize);
+      c->self_y_to_x = box_copy(y_shape, *self_recv, c->x_shape, *self_send, elsize);
+    }
     plans.insert(headers, c);
     return c;
   }
@@ -224,16 +271,14 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
     {
       at::NoGradGuard no_grad;
       y = P_y.active() ? at::empty(c->p.out_shape, out_options) : at::empty({0}, out_options);
-      exchange(c->p.sends, c->send_pieces, c->p.recvs, c->recv_pieces, x.contiguous(), y, name);
+      exchange(c->forward(), x.contiguous(), y, name);
     }
     const auto x_options = x.options().requires_grad(false);
-    const std::string adjoint_name = name + " adjoint";
     auto self = shared_from_this();
-    return with_adjoint(y, x, c->attach, name, [self, c, x_options, adjoint_name](at::Tensor gy) {
+    return with_adjoint(y, x, c->attach, name, [self, c, x_options](at::Tensor gy) {
       // The reverse repartition: the same pieces, directions swapped.
       at::Tensor gx = c->covers_x ? at::empty(c->x_shape, x_options) : at::zeros(c->x_shape, x_options);
-      self->exchange(c->p.recvs, c->recv_pieces, c->p.sends, c->send_pieces, gy.contiguous(), gx,
-                     adjoint_name);
+      self->exchange(c->adjoint(), gy.contiguous(), gx, self->adjoint_name);
       return gx;
     });
   }
@@ -248,6 +293,7 @@ RepartitionPlan::RepartitionPlan(const mpi::Partition& P_x, const mpi::Partition
   auto l = std::make_shared<detail::RepartitionLayer>();
   l->how = how;
   l->name = "Repartition(P_x " + P_x.describe() + " -> P_y " + P_y.describe() + ")";
+  l->adjoint_name = l->name + " adjoint";
   l->P_x = P_x;
   l->P_y = P_y;
   l->P_union = P_x.create_partition_union(P_y);

@@ -1,11 +1,79 @@
 #include "detail/box_view.hpp"
 
+#include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "detail/team_comm.hpp"
 #include "partita/mpi/runtime.hpp"
 
 namespace partita::mpi::detail {
+
+BoxCopy box_copy(const Shape& src_full, const Box& src_box, const Shape& dst_full,
+                 const Box& dst_box, int64_t elsize) {
+  const size_t d = src_full.size();
+  if (dst_full.size() != d || src_box.len.size() != d || dst_box.len != src_box.len ||
+      src_box.start.size() != d || dst_box.start.size() != d)
+    throw std::logic_error("box_copy: boxes of different shapes");
+  BoxCopy c;
+  if (src_box.size() <= 0) return c;  // run 0: nothing to copy
+  std::vector<int64_t> ss(d), ds(d);  // strides in bytes
+  int64_t s_acc = elsize, d_acc = elsize;
+  for (size_t k = d; k-- > 0;) {
+    ss[k] = s_acc;
+    ds[k] = d_acc;
+    s_acc *= src_full[k];
+    d_acc *= dst_full[k];
+  }
+  for (size_t k = 0; k < d; ++k) {
+    c.src_offset += src_box.start[k] * ss[k];
+    c.dst_offset += dst_box.start[k] * ds[k];
+  }
+  if (d == 0) {
+    c.run = elsize;
+    return c;
+  }
+  const Shape& len = src_box.len;
+  size_t inner = d - 1;  // the run spans dimensions inner..d-1
+  int64_t run = len[inner];
+  while (inner > 0 && len[inner] == src_full[inner] && len[inner] == dst_full[inner]) {
+    --inner;
+    run *= len[inner];
+  }
+  c.run = run * elsize;
+  for (size_t k = 0; k < inner; ++k) {
+    if (len[k] == 1) continue;  // a loop of one
+    c.count.push_back(len[k]);
+    c.src_stride.push_back(ss[k]);
+    c.dst_stride.push_back(ds[k]);
+  }
+  return c;
+}
+
+BoxCopy box_pack(const Shape& full, const Box& box, int64_t elsize) {
+  return box_copy(full, box, box.len, Box{Shape(box.len.size(), 0), box.len}, elsize);
+}
+
+BoxCopy box_unpack(const Shape& full, const Box& box, int64_t elsize) {
+  return box_copy(box.len, Box{Shape(box.len.size(), 0), box.len}, full, box, elsize);
+}
+
+namespace {
+void copy_loops(const BoxCopy& c, size_t level, const char* src, char* dst) {
+  if (level == c.count.size()) {
+    std::memcpy(dst, src, static_cast<size_t>(c.run));
+    return;
+  }
+  for (int64_t i = 0; i < c.count[level]; ++i)
+    copy_loops(c, level + 1, src + i * c.src_stride[level], dst + i * c.dst_stride[level]);
+}
+}  // namespace
+
+void BoxCopy::operator()(const void* src, void* dst) const {
+  if (run == 0) return;
+  copy_loops(*this, 0, static_cast<const char*>(src) + src_offset,
+             static_cast<char*>(dst) + dst_offset);
+}
 
 BoxType::BoxType(const Shape& full, const Box& box, MPI_Datatype element, const std::string& what) {
   const int d = static_cast<int>(full.size());

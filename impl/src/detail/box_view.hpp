@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <string>
+#include <vector>
 
 #include "partita/tiling.hpp"
 
@@ -29,6 +30,25 @@ inline int64_t contiguous_offset(const Shape& full, const Box& box) {
   for (size_t k = 0; k < full.size(); ++k) offset = offset * full[k] + box.start[k];
   return offset;
 }
+
+// A copy of a box between two C-ordered arrays, planned once: the box's
+// innermost dimension is one run of bytes (with the dimensions before it
+// merged in while the box covers the later ones whole in both arrays), the
+// other dimensions are loops of memcpy. What a hand-written exchange does to
+// pack a strided block, without a tensor view or a dispatcher call per use.
+struct BoxCopy {
+  int64_t run = 0;                         // bytes per contiguous run (0: nothing to copy)
+  int64_t src_offset = 0, dst_offset = 0;  // bytes to the first run
+  std::vector<int64_t> count, src_stride, dst_stride;  // the outer loops (strides in bytes)
+  void operator()(const void* src, void* dst) const;
+};
+// `src_box` of an array of shape `src_full` into `dst_box` (same lengths) of
+// an array of shape `dst_full`, `elsize` bytes per element.
+BoxCopy box_copy(const Shape& src_full, const Box& src_box, const Shape& dst_full,
+                 const Box& dst_box, int64_t elsize);
+// Packing a box into a contiguous buffer of its own shape, and back.
+BoxCopy box_pack(const Shape& full, const Box& box, int64_t elsize);
+BoxCopy box_unpack(const Shape& full, const Box& box, int64_t elsize);
 
 // A committed MPI_Type_create_subarray of `box` within a C-ordered tensor of
 // shape `full` (the box non-empty), freed with the object. Send or receive
