@@ -1,11 +1,18 @@
 // The buffer cache (partita/mpi/buffer_cache.hpp): large CPU blocks freed by
 // LibTorch come back for the next allocation of the same rounded size, small
-// ones never enter it, the capacity bounds what it holds, and turning it off
-// frees what it held. One process, no MPI needed.
+// ones never enter it, the capacity bounds what it holds (the blocks held
+// longest make room), turning it off frees what it held, and the environment
+// variables set it (on by default). One process, no MPI needed.
 #include <gtest/gtest.h>
 
-#include <ATen/ATen.h>
+#include <cstdlib>
 
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <cmath>
+
+#include "partita/errors.hpp"
 #include "partita/mpi/buffer_cache.hpp"
 
 namespace partita::spec {
@@ -59,6 +66,97 @@ TEST(BufferCache, ReusesLargeBlocksWithinItsCapacity) {
   { at::Tensor d = at::empty({4 << 20}, at::kFloat); }
   EXPECT_EQ(mpi::buffer_cache_stats().misses, off.misses);
   EXPECT_EQ(mpi::buffer_cache_stats().cached_bytes, 0u);
+}
+
+TEST(BufferCache, TheBlocksHeldLongestMakeRoom) {
+  mpi::enable_buffer_cache(0);  // start empty
+  mpi::enable_buffer_cache(size_t{64} << 20);
+  std::vector<void*> order;  // the 16 MiB blocks, in the order they are freed
+  {
+    std::vector<at::Tensor> four;
+    for (int i = 0; i < 4; ++i) four.push_back(at::empty({4 << 20}, at::kFloat));
+    for (auto& t : four) {
+      order.push_back(t.data_ptr());
+      t = at::Tensor();
+    }
+  }
+  ASSERT_EQ(mpi::buffer_cache_stats().cached_bytes, size_t{64} << 20);
+  // A freed 32 MiB block evicts the two oldest 16 MiB ones, not the newest.
+  void* big = nullptr;
+  {
+    at::Tensor t = at::empty({8 << 20}, at::kFloat);
+    big = t.data_ptr();
+  }
+  EXPECT_EQ(mpi::buffer_cache_stats().cached_bytes, size_t{64} << 20);
+  at::Tensor again = at::empty({8 << 20}, at::kFloat);
+  EXPECT_EQ(again.data_ptr(), big);
+  // The 16 MiB blocks left are the two freed last, newest first.
+  at::Tensor a = at::empty({4 << 20}, at::kFloat);
+  at::Tensor b = at::empty({4 << 20}, at::kFloat);
+  EXPECT_EQ(a.data_ptr(), order[3]);
+  EXPECT_EQ(b.data_ptr(), order[2]);
+  const long misses = mpi::buffer_cache_stats().misses;
+  at::Tensor c = at::empty({4 << 20}, at::kFloat);
+  EXPECT_EQ(mpi::buffer_cache_stats().misses, misses + 1);
+  EXPECT_EQ(mpi::buffer_cache_stats().cached_bytes, 0u);
+  // A block larger than the capacity is never held.
+  { at::Tensor huge = at::empty({20 << 20}, at::kFloat); }
+  EXPECT_EQ(mpi::buffer_cache_stats().cached_bytes, 0u);
+  mpi::enable_buffer_cache(0);
+}
+
+// LibTorch's raw interface (raw_allocate/raw_deallocate, used by some CPU
+// kernels for scratch memory, e.g. GELU's) works for blocks of the cache's and
+// for the small ones it leaves to LibTorch's own allocator.
+TEST(BufferCache, RawAllocationsOfEitherKind) {
+  mpi::enable_buffer_cache(0);
+  mpi::enable_buffer_cache(size_t{64} << 20);
+  c10::Allocator* cpu = c10::GetCPUAllocator();
+  ASSERT_NE(cpu->raw_deleter(), nullptr);
+  void* large = cpu->raw_allocate(size_t{2} << 20);
+  static_cast<char*>(large)[0] = 1;
+  cpu->raw_deallocate(large);
+  EXPECT_EQ(mpi::buffer_cache_stats().cached_bytes, size_t{2} << 20);
+  void* again = cpu->raw_allocate(size_t{2} << 20);
+  EXPECT_EQ(again, large);
+  cpu->raw_deallocate(again);
+  void* small = cpu->raw_allocate(1000);
+  static_cast<char*>(small)[999] = 1;
+  cpu->raw_deallocate(small);
+  EXPECT_EQ(mpi::buffer_cache_stats().cached_bytes, size_t{2} << 20);
+  // And through a kernel that takes scratch memory this way.
+  const at::Tensor x = at::randn({16, 32}, at::kDouble);
+  EXPECT_TRUE(at::allclose(at::gelu(x), 0.5 * x * (1 + at::erf(x / std::sqrt(2.0)))));
+  mpi::enable_buffer_cache(0);
+}
+
+TEST(BufferCache, SetFromTheEnvironmentOnByDefault) {
+  ::unsetenv("PARTITA_BUFFER_CACHE_MIB");
+  ::unsetenv("PARTITA_BUFFER_CACHE_MIN_KIB");
+  mpi::buffer_cache_from_environment();
+  auto s = mpi::buffer_cache_stats();
+  EXPECT_TRUE(s.enabled);
+  EXPECT_EQ(s.capacity_bytes, mpi::kDefaultBufferCacheMiB << 20);
+  EXPECT_EQ(s.capacity_bytes, size_t{512} << 20);
+  EXPECT_EQ(s.min_bytes, size_t{1} << 20);
+
+  ::setenv("PARTITA_BUFFER_CACHE_MIB", "64", 1);
+  ::setenv("PARTITA_BUFFER_CACHE_MIN_KIB", "256", 1);
+  mpi::buffer_cache_from_environment();
+  s = mpi::buffer_cache_stats();
+  EXPECT_TRUE(s.enabled);
+  EXPECT_EQ(s.capacity_bytes, size_t{64} << 20);
+  EXPECT_EQ(s.min_bytes, size_t{256} << 10);
+
+  ::setenv("PARTITA_BUFFER_CACHE_MIB", "0", 1);
+  mpi::buffer_cache_from_environment();
+  EXPECT_FALSE(mpi::buffer_cache_stats().enabled);
+  EXPECT_EQ(mpi::buffer_cache_stats().cached_bytes, 0u);
+
+  ::setenv("PARTITA_BUFFER_CACHE_MIB", "lots", 1);
+  EXPECT_THROW(mpi::buffer_cache_from_environment(), Error);
+  ::unsetenv("PARTITA_BUFFER_CACHE_MIB");
+  ::unsetenv("PARTITA_BUFFER_CACHE_MIN_KIB");
 }
 
 }  // namespace

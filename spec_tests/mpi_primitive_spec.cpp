@@ -6,6 +6,7 @@
 
 #include "data_spec.hpp"
 #include "partita/errors.hpp"
+#include "partita/mpi/buffer_cache.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/all_sum_reduce.hpp"
 #include "partita/nn/broadcast.hpp"
@@ -454,6 +455,25 @@ TEST(MpiData, TensorsCarryTheirDtypeAndShape) {
   else EXPECT_FALSE(inside.defined());
   // A root outside the partition: an error on every member.
   EXPECT_THROW(world.broadcast_data(sent, n), PartitionError);
+}
+
+// partita::mpi::Environment turns the buffer cache on (docs/mpi-runtime.md)
+// unless PARTITA_BUFFER_CACHE_MIB says otherwise, and a large output of a
+// layer called twice comes back in the block the first call's output left.
+TEST(MpiRuntime, BufferCacheOnByDefault) {
+  if (std::getenv("PARTITA_BUFFER_CACHE_MIB")) GTEST_SKIP() << "PARTITA_BUFFER_CACHE_MIB is set";
+  const auto s = mpi::buffer_cache_stats();
+  EXPECT_TRUE(agreed(s.enabled && s.capacity_bytes == (mpi::kDefaultBufferCacheMiB << 20) &&
+                     s.min_bytes == (size_t{1} << 20)));
+  const auto world = mpi::Partition::world();
+  nn::AllSumReduce layer(world.create_cartesian_topology_partition({world.size()}), std::vector<int>{0});
+  const at::Tensor x = at::ones({1 << 20}, at::kFloat);  // 4 MiB
+  void* first = nullptr;
+  { first = layer(x).data_ptr(); }
+  const long hits = mpi::buffer_cache_stats().hits;
+  at::Tensor y = layer(x);
+  EXPECT_TRUE(agreed(y.data_ptr() == first && mpi::buffer_cache_stats().hits > hits));
+  EXPECT_TRUE(agreed(y.eq(float(world.size())).all().item<bool>()));
 }
 
 }  // namespace

@@ -3,9 +3,12 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <cstdlib>
+#include <deque>
+#include <list>
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "partita/errors.hpp"
@@ -21,9 +24,21 @@ size_t rounded(size_t n) {
   return (n + g - 1) / g * g;
 }
 
+// The cache's blocks carry their own address as context (LibTorch's raw
+// interface, raw_allocate/raw_deallocate, which some CPU kernels use for
+// scratch memory, requires context == data), so the deleters are plain
+// functions that find the one allocator through this pointer.
+class CachingAllocator;
+CachingAllocator* g_cache = nullptr;  // installed once, never destroyed
+
 class CachingAllocator final : public c10::Allocator {
  public:
-  explicit CachingAllocator(c10::Allocator* fallback) : fallback_(fallback) {}
+  explicit CachingAllocator(c10::Allocator* fallback)
+      : fallback_(fallback), fallback_raw_deleter_(fallback->raw_deleter()) {}
+
+  // Blocks below min_bytes come from the fallback with its deleter; the raw
+  // deleter tells the two apart by the cache's record of its live blocks.
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_release; }
 
   c10::DataPtr allocate(size_t n) const override {
     if (n < min_bytes_ || capacity_ == 0) return fallback_->allocate(n);
@@ -33,8 +48,10 @@ class CachingAllocator final : public c10::Allocator {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = free_.find(size);
       if (it != free_.end() && !it->second.empty()) {
-        p = it->second.back();
+        const auto held = it->second.back();  // the newest block of this size
         it->second.pop_back();
+        p = held->p;
+        oldest_first_.erase(held);
         cached_ -= size;
         ++hits_;
       } else {
@@ -43,7 +60,11 @@ class CachingAllocator final : public c10::Allocator {
     }
     if (!p) p = std::aligned_alloc(kAlignment, size);
     if (!p) throw Error("partita buffer cache: out of memory allocating " + std::to_string(size) + " bytes");
-    return {p, new Block{p, size, this}, &release, c10::Device(c10::DeviceType::CPU)};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_[p] = size;
+    }
+    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
   }
 
   void configure(size_t capacity, size_t min_bytes) {
@@ -70,49 +91,79 @@ class CachingAllocator final : public c10::Allocator {
   }
 
  private:
-  struct Block {
-    void* p;
-    size_t size;
-    const CachingAllocator* owner;
-  };
-
-  static void release(void* ctx) {
-    auto* b = static_cast<Block*>(ctx);
-    const_cast<CachingAllocator*>(b->owner)->put(b->p, b->size);
-    delete b;
+  // The deleter of the cache's own blocks.
+  static void release(void* p) {
+    size_t size = 0;
+    {
+      std::lock_guard<std::mutex> lock(g_cache->mutex_);
+      auto it = g_cache->live_.find(p);
+      size = it->second;
+      g_cache->live_.erase(it);
+    }
+    g_cache->put(p, size);
   }
 
+  // raw_deallocate: a block of the cache's, or one the fallback allocated.
+  static void raw_release(void* p) {
+    bool ours = false;
+    {
+      std::lock_guard<std::mutex> lock(g_cache->mutex_);
+      ours = g_cache->live_.count(p) != 0;
+    }
+    if (ours) {
+      release(p);
+    } else {
+      TORCH_CHECK(g_cache->fallback_raw_deleter_, "partita buffer cache: LibTorch's CPU allocator has no raw deleter");
+      g_cache->fallback_raw_deleter_(p);
+    }
+  }
+
+  // A freed block is kept when it fits the capacity at all; the blocks held
+  // longest make room for it, so that the cache follows the sizes in use now
+  // rather than filling up once with sizes no longer asked for.
   void put(void* p, size_t size) {
+    std::vector<void*> drop;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (cached_ + size <= capacity_) {
-        free_[size].push_back(p);
+      if (size <= capacity_) {
         cached_ += size;
-        return;
+        trim(drop);
+        free_[size].push_back(oldest_first_.insert(oldest_first_.end(), Held{p, size}));
+      } else {
+        drop.push_back(p);
       }
     }
-    std::free(p);
+    for (void* q : drop) std::free(q);
   }
 
-  // Frees held blocks, largest first, until the cache fits its capacity.
+  // Frees the blocks held longest until the cache fits its capacity.
   void trim(std::vector<void*>& drop) {
-    for (auto it = free_.rbegin(); it != free_.rend() && cached_ > capacity_; ++it)
-      while (!it->second.empty() && cached_ > capacity_) {
-        drop.push_back(it->second.back());
-        it->second.pop_back();
-        cached_ -= it->first;
-      }
+    while (cached_ > capacity_ && !oldest_first_.empty()) {
+      const Held old = oldest_first_.front();
+      auto& same = free_[old.size];  // its oldest entry is `old`: both lists keep the order of arrival
+      same.pop_front();
+      oldest_first_.pop_front();
+      cached_ -= old.size;
+      drop.push_back(old.p);
+    }
   }
+
+  struct Held {
+    void* p;
+    size_t size;
+  };
 
   c10::Allocator* fallback_;
+  c10::DeleterFnPtr fallback_raw_deleter_;
   mutable std::mutex mutex_;
-  mutable std::map<size_t, std::vector<void*>> free_;
+  mutable std::unordered_map<void*, size_t> live_;  // the cache's blocks in use, by address
+  mutable std::list<Held> oldest_first_;  // every held block, in the order it was freed
+  mutable std::map<size_t, std::deque<std::list<Held>::iterator>> free_;  // by size, oldest first
   mutable size_t cached_ = 0;
   mutable long hits_ = 0, misses_ = 0;
   size_t capacity_ = 0, min_bytes_ = size_t{1} << 20;
 };
 
-CachingAllocator* g_cache = nullptr;  // installed once, never destroyed
 std::mutex g_install;
 
 }  // namespace
@@ -146,9 +197,11 @@ double number_from_environment(const char* name, double otherwise) {
 }  // namespace
 
 void buffer_cache_from_environment() {
-  const double mib = number_from_environment("PARTITA_BUFFER_CACHE_MIB", 0);
+  const double mib = number_from_environment("PARTITA_BUFFER_CACHE_MIB", double(kDefaultBufferCacheMiB));
   const double min_kib = number_from_environment("PARTITA_BUFFER_CACHE_MIN_KIB", 1024);
-  if (mib > 0) enable_buffer_cache(static_cast<size_t>(mib * (1 << 20)), static_cast<size_t>(min_kib * 1024));
+  // 0 turns it off: nothing is installed when it was not (LibTorch keeps its
+  // own allocator), and one installed before stops holding blocks.
+  enable_buffer_cache(static_cast<size_t>(mib * (1 << 20)), static_cast<size_t>(min_kib * 1024));
 }
 
 }  // namespace partita::mpi

@@ -7,12 +7,16 @@
 // MPI loop on preallocated buffers does not. The buffer cache is a CPU
 // allocator for LibTorch that keeps freed blocks of at least `min_bytes` (up
 // to `capacity_bytes` in all) and hands them out again for the same rounded
-// size. Opt-in: PARTITA_BUFFER_CACHE_MIB=N at start-up (read by
-// partita::mpi::Environment), or enable_buffer_cache().
+// size; when a freed block does not fit, the blocks held longest make room.
+// On by default since partita::mpi::Environment starts it (512 MiB, blocks
+// of 1 MiB and up); PARTITA_BUFFER_CACHE_MIB=N sets the capacity, 0 leaves
+// LibTorch's own allocator in place; enable_buffer_cache() in code.
 //
-// Reused memory is not zeroed: code that reads an at::empty tensor before
-// writing it sees old data instead of the fresh pages' zeros (ctest runs the
-// primitive properties with the cache on for that reason).
+// Reused memory is not zeroed (at::empty never promised zeros; glibc's
+// reused heap memory is not zeroed either): code that reads an at::empty
+// tensor before writing it sees old data instead of fresh pages' zeros
+// (ctest runs the primitive properties with the cache on for every block
+// for that reason).
 #pragma once
 
 #include <cstddef>
@@ -32,9 +36,12 @@ struct BufferCacheStats {
 void enable_buffer_cache(size_t capacity_bytes, size_t min_bytes = size_t{1} << 20);
 BufferCacheStats buffer_cache_stats();
 
-// PARTITA_BUFFER_CACHE_MIB=N (N > 0): enable_buffer_cache(N MiB), blocks of
-// at least PARTITA_BUFFER_CACHE_MIN_KIB (default 1024) KiB. Called by
-// Environment; throws partita::Error on a value that is not a number.
+inline constexpr size_t kDefaultBufferCacheMiB = 512;
+
+// enable_buffer_cache(N MiB) with N from PARTITA_BUFFER_CACHE_MIB (default
+// kDefaultBufferCacheMiB; 0: off, and not installed if it was not), blocks of at least
+// PARTITA_BUFFER_CACHE_MIN_KIB (default 1024) KiB. Called by Environment;
+// throws partita::Error on a value that is not a non-negative number.
 void buffer_cache_from_environment();
 
 }  // namespace partita::mpi
