@@ -27,7 +27,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <deque>
 #include <functional>
 #include <limits>
@@ -258,24 +257,16 @@ bool depends_on(const at::Tensor& t, const torch::autograd::Node* target, const 
   return false;
 }
 
-// Waits until `ready()` under partita's deadline and watchdog. A stage
-// waiting for its neighbour often waits for a whole forward or backward of
-// it; when ranks outnumber cores (the yield policy) a waiting rank that only
-// yields still takes a good share of the core its neighbour computes on, so
-// after a short while it sleeps between tests (20 us, growing to 200 us).
+// Waits until `ready()` under partita's deadline and watchdog, listening for
+// failure notices. A stage often waits for a whole forward or backward of its
+// neighbour; under the yield policy partita's waiting loop sleeps between
+// tests once such a wait lasts (docs/mpi-runtime.md), so the waiting stage
+// leaves the core to the computing one.
 void wait_for_neighbour(const std::function<bool()>& ready, const std::string& what) {
-  const bool sleepy = mpi::wait_policy() == mpi::WaitPolicy::Yield;
-  int polls = 0;
-  long nap = 20000;  // ns
   mpi::wait_until(
       [&] {
         if (ready()) return true;
         check_abort();
-        if (sleepy && ++polls > 64) {
-          const timespec t{0, nap};
-          nanosleep(&t, nullptr);
-          nap = std::min(nap * 2, 200000L);
-        }
         return false;
       },
       what.c_str());
