@@ -1,5 +1,6 @@
 // The communicator's collectives: check the arguments on every rank, move
-// the data (raw.cpp), attach the adjoint (see communicator.hpp's table).
+// the data (detail/team_comm.hpp's, the layers' movement), attach the
+// adjoint (see communicator.hpp's table).
 #include <torch/csrc/autograd/variable.h>
 
 #include <numeric>
@@ -83,6 +84,29 @@ at::Tensor inplace_buffer(const at::Tensor& t) {
   return buf;
 }
 
+// mpi4torch's reduce_: in place, the root's buf holds the reduction, the
+// others' zeros.
+void raw_reduce(const CommState& s, at::Tensor& buf, ReduceOp op, int root,
+                const std::string& what) {
+  reduce_inplace(s.group(), buf, comm_op(op, buf.scalar_type()), root, what);
+  if (s.rank != root) buf.zero_();
+}
+
+// bcast_'s adjoint: the sum at the root, zeros elsewhere.
+at::Tensor reduce_sum_to(const CommState& s, const at::Tensor& x, int root,
+                         const std::string& what) {
+  at::Tensor out = reduce_to(s.group(), x, mpi_sum(x.scalar_type()), root, what);
+  return s.rank == root ? out : at::zeros(x.sizes(), x.options());
+}
+
+// reduce_'s adjoint: the root's x everywhere (the root only reads its
+// tensor: it is returned as it is).
+at::Tensor bcast_from(const CommState& s, const at::Tensor& x, int root, const std::string& what) {
+  at::Tensor buf = s.rank == root ? x.contiguous() : at::empty(x.sizes(), x.options());
+  bcast_inplace(s.group(), buf, root, what);
+  return buf;
+}
+
 }  // namespace
 
 at::Tensor Communicator::allreduce(const at::Tensor& t, ReduceOp op) const {
@@ -99,12 +123,12 @@ at::Tensor Communicator::allreduce(const at::Tensor& t, ReduceOp op) const {
   at::Tensor out;
   {
     at::NoGradGuard no_grad;
-    out = raw_allreduce(s, t, op, what);
+    out = detail::allreduce(s.group(), t, comm_op(op, t.scalar_type()), what);
   }
   if (!op_has_adjoint(op)) return attach_error(out, t, "AllreduceBackward", no_adjoint(what, op));
   auto state = s_;
   return attach(out, t, "AllreduceSumBackward", [state, what](const at::Tensor& g) {
-    return raw_allreduce(*state, g, ReduceOp::kSum, what + " adjoint");
+    return detail::allreduce(state->group(), g, mpi_sum(g.scalar_type()), what + " adjoint");
   });
 }
 
@@ -120,7 +144,7 @@ at::Tensor Communicator::bcast_(const at::Tensor& t, int root) const {
     raise_record(what, s.rank, mine);
   }
   at::Tensor buf = inplace_buffer(t);
-  raw_bcast(s, buf, root, what);
+  bcast_inplace(s.group(), buf, root, what);
   auto state = s_;
   at::Tensor out = attach(buf, t, "BcastInPlaceBackward", [state, root, what](const at::Tensor& g) {
     return reduce_sum_to(*state, g, root, what + " adjoint");
@@ -174,7 +198,7 @@ at::Tensor Communicator::gather(const at::Tensor& t, int64_t axis, int root) con
   at::Tensor out;
   {
     at::NoGradGuard no_grad;
-    out = raw_gather(s, t, axis, extents, root, what);
+    out = gather_dim(s.group(), t, axis, extents, root, what);
   }
   auto state = s_;
   const Shape root_shape = t.sizes().vec();
@@ -185,7 +209,7 @@ at::Tensor Communicator::gather(const at::Tensor& t, int64_t axis, int root) con
                   Shape shape = g.sizes().vec();
                   if (state->rank != root) shape[axis] = std::accumulate(
                       extents.begin(), extents.end(), int64_t{0});
-                  return raw_scatter(*state, g, axis, extents, root, shape, g.options(),
+                  return scatter_dim(state->group(), g, axis, extents, root, shape, g.options(),
                                      what + " adjoint");
                 });
 }
@@ -203,11 +227,11 @@ at::Tensor Communicator::allgather(const at::Tensor& t, int64_t axis) const {
   at::Tensor out;
   {
     at::NoGradGuard no_grad;
-    out = raw_allgather(s, t, axis, extents, what);
+    out = allgather_dim(s.group(), t, axis, extents, what);
   }
   auto state = s_;
   return attach(out, t, "AllgatherBackward", [state, axis, extents, what](const at::Tensor& g) {
-    return raw_reduce_scatter(*state, g, axis, extents, what + " adjoint");
+    return reduce_scatter_dim(state->group(), g, axis, extents, what + " adjoint");
   });
 }
 
@@ -244,13 +268,13 @@ at::Tensor Communicator::scatter(const at::Tensor& t, int64_t axis, int64_t nume
   at::Tensor out;
   {
     at::NoGradGuard no_grad;
-    out = raw_scatter(s, t, axis, numelems, root, root_shape, options, what);
+    out = scatter_dim(s.group(), t, axis, numelems, root, root_shape, options, what);
   }
   auto state = s_;
   const std::vector<int64_t> in_sizes = t.sizes().vec();
   return attach(out, t, "ScatterBackward",
                 [state, axis, numelems, root, in_sizes, what](const at::Tensor& g) {
-                  at::Tensor full = raw_gather(*state, g, axis, numelems, root, what + " adjoint");
+                  at::Tensor full = gather_dim(state->group(), g, axis, numelems, root, what + " adjoint");
                   // Off the root the input was not read: its gradient is zero.
                   return state->rank == root ? full : at::zeros(in_sizes, g.options());
                 });
@@ -296,14 +320,14 @@ at::Tensor Communicator::alltoall(const at::Tensor& t, int64_t gather_axis, int6
   at::Tensor out;
   {
     at::NoGradGuard no_grad;
-    out = raw_alltoall(s, t, gather_axis, scatter_axis, gextents, numelems, what);
+    out = alltoall_dim(s.group(), t, gather_axis, scatter_axis, gextents, numelems, what);
   }
   auto state = s_;
   return attach(out, t, "AlltoallBackward",
                 [state, gather_axis, scatter_axis, gextents, numelems, what](const at::Tensor& g) {
                   // The reverse exchange: pieces of gextents along gather_axis
                   // go back, gathered along scatter_axis.
-                  return raw_alltoall(*state, g, scatter_axis, gather_axis, numelems, gextents,
+                  return alltoall_dim(state->group(), g, scatter_axis, gather_axis, numelems, gextents,
                                       what + " adjoint");
                 });
 }

@@ -1,7 +1,7 @@
 // Internal to the differentiable communicator: its state, the per-call
-// exchange of every rank's shape (the "records"), the data movement without
-// autograd (used by the forward calls and by their adjoints alike), and the
-// autograd nodes.
+// exchange of every rank's shape (the "records"), and its autograd nodes.
+// Its data movement is the layers' (detail/team_comm.hpp), used by the
+// forward calls and by their adjoints alike.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "detail/team_comm.hpp"
 #include "partita/mpi/communicator.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/shape.hpp"
@@ -26,6 +27,7 @@ struct CommState {
   int max_tag = 0;          // user tags are below it; adjoint tags = tag + max_tag
   Partition keep;           // keeps a partition's communicator alive
   std::shared_ptr<MPI_Comm> owned;  // a dup()'s communicator, freed with the state
+  Group group() const { return {comm, rank, size}; }
 };
 
 // The state of an isend or irecv: the forward request and buffer, and, once
@@ -80,47 +82,14 @@ void check_op(Record& r, ReduceOp op);
 std::vector<Record> exchange_records(const CommState& s, const Record& mine,
                                      const std::string& what);
 
-// MPI datatype of a tensor's dtype (partita's dtypes and bool) and MPI op.
-MPI_Datatype comm_datatype(at::ScalarType t);
+// The MPI op (the datatype is detail::mpi_datatype, bool included).
 MPI_Op comm_op(ReduceOp op, at::ScalarType t);
 
-// -- data movement without autograd (every call: collective over s) ---------
-at::Tensor raw_allreduce(const CommState& s, const at::Tensor& x, ReduceOp op,
-                         const std::string& what);
-// In place on `buf` (contiguous).
-void raw_bcast(const CommState& s, at::Tensor& buf, int root, const std::string& what);
-// In place on `buf` (contiguous): the root's holds the reduction, others zeros.
-void raw_reduce(const CommState& s, at::Tensor& buf, ReduceOp op, int root,
-                const std::string& what);
-// Out of place, for the adjoints: the sum at the root (zeros elsewhere), and
-// the root's x everywhere (the root's result may be x itself).
-at::Tensor reduce_sum_to(const CommState& s, const at::Tensor& x, int root,
-                         const std::string& what);
-at::Tensor bcast_from(const CommState& s, const at::Tensor& x, int root, const std::string& what);
-// `extents[i]`: rank i's extent along `axis` (the other extents agree).
-at::Tensor raw_gather(const CommState& s, const at::Tensor& x, int64_t axis,
-                      const std::vector<int64_t>& extents, int root, const std::string& what);
-at::Tensor raw_allgather(const CommState& s, const at::Tensor& x, int64_t axis,
-                         const std::vector<int64_t>& extents, const std::string& what);
-// Sum over the ranks of x (one shape everywhere), split along `axis` into
-// pieces of `extents`; this rank's piece.
-at::Tensor raw_reduce_scatter(const CommState& s, const at::Tensor& x, int64_t axis,
-                              const std::vector<int64_t>& extents, const std::string& what);
-// The root's x (shape root_shape) split along `axis` into `extents`.
-at::Tensor raw_scatter(const CommState& s, const at::Tensor& x, int64_t axis,
-                       const std::vector<int64_t>& extents, int root, const Shape& root_shape,
-                       const at::TensorOptions& options, const std::string& what);
-// `gextents[i]`: rank i's extent along gather_axis; `numelem[j]`: rank j's
-// piece along scatter_axis. Every rank's shape is `shape` but for those two.
-at::Tensor raw_alltoall(const CommState& s, const at::Tensor& x, int64_t gather_axis,
-                        int64_t scatter_axis, const std::vector<int64_t>& gextents,
-                        const std::vector<int64_t>& numelem, const std::string& what);
-
 // -- autograd -----------------------------------------------------------------
-using Adjoint = std::function<at::Tensor(at::Tensor grad_out)>;  // as team_comm.hpp's
 // Gives `out` (no history) a node whose backward is adjoint(grad_out) into
-// `input`'s edge, when `input` requires grad (and grad mode is on). An
-// undefined incoming gradient is zeros: the adjoint communication still runs.
+// `input`'s edge, when `input` requires grad (and grad mode is on): the
+// layers' node (with_adjoint). An undefined incoming gradient is zeros: the
+// adjoint communication still runs.
 at::Tensor attach(at::Tensor out, const at::Tensor& input, const std::string& name,
                   Adjoint adjoint);
 // A node that raises `message` in backward.

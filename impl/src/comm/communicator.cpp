@@ -197,11 +197,6 @@ std::vector<Record> exchange_records(const CommState& s, const Record& mine,
   return all;
 }
 
-MPI_Datatype comm_datatype(at::ScalarType t) {
-  if (t == at::kBool) return MPI_C_BOOL;
-  return mpi_datatype(t);
-}
-
 MPI_Op comm_op(ReduceOp op, at::ScalarType t) {
   switch (op) {
     case ReduceOp::kSum: return mpi_sum(t);
@@ -220,26 +215,6 @@ MPI_Op comm_op(ReduceOp op, at::ScalarType t) {
 
 namespace {
 
-struct AdjointNode : torch::autograd::Node {
-  std::string label;
-  Adjoint adjoint;
-  std::vector<int64_t> out_sizes;
-  at::TensorOptions out_options;
-
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    const at::Tensor g = grads.empty() || !grads[0].defined()
-                             ? at::zeros(out_sizes, out_options)
-                             : grads[0];
-    at::Tensor gx;
-    {
-      at::NoGradGuard no_grad;
-      gx = adjoint(g);
-    }
-    return {gx};
-  }
-  std::string name() const override { return label; }
-};
-
 struct RaiseNode : torch::autograd::Node {
   std::string label, message;
   torch::autograd::variable_list apply(torch::autograd::variable_list&&) override {
@@ -252,15 +227,8 @@ struct RaiseNode : torch::autograd::Node {
 
 at::Tensor attach(at::Tensor out, const at::Tensor& input, const std::string& name,
                   Adjoint adjoint) {
-  if (!torch::autograd::compute_requires_grad(input)) return out;
-  auto node = std::shared_ptr<AdjointNode>(new AdjointNode(), torch::autograd::deleteNode);
-  node->label = name;
-  node->adjoint = std::move(adjoint);
-  node->out_sizes = out.sizes().vec();
-  node->out_options = out.options();
-  node->set_next_edges(torch::autograd::collect_next_edges(input));
-  torch::autograd::set_history(out, node);
-  return out;
+  return with_adjoint(std::move(out), input, torch::autograd::compute_requires_grad(input), name,
+                      std::move(adjoint));
 }
 
 at::Tensor attach_error(at::Tensor out, const at::Tensor& input, const std::string& name,

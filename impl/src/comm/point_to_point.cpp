@@ -62,7 +62,7 @@ struct WaitBackward : torch::autograd::Node {
       p->adjoint_buffer = at::empty(p->sizes, p->options);
       PARTITA_MPI_CHECK(MPI_Irecv(p->adjoint_buffer.data_ptr(),
                                   mpi_count(p->adjoint_buffer.numel(), p->what()),
-                                  comm_datatype(p->adjoint_buffer.scalar_type()), p->peer,
+                                  mpi_datatype(p->adjoint_buffer.scalar_type()), p->peer,
                                   adjoint_tag, s.comm, &p->adjoint_request));
     } else {
       at::Tensor g = grads.empty() || !grads[0].defined() ? at::zeros(p->sizes, p->options)
@@ -72,7 +72,7 @@ struct WaitBackward : torch::autograd::Node {
       p->adjoint_buffer = g.to(p->options.dtype()).contiguous();
       PARTITA_MPI_CHECK(MPI_Isend(p->adjoint_buffer.data_ptr(),
                                   mpi_count(p->adjoint_buffer.numel(), p->what()),
-                                  comm_datatype(p->adjoint_buffer.scalar_type()), p->peer,
+                                  mpi_datatype(p->adjoint_buffer.scalar_type()), p->peer,
                                   adjoint_tag, s.comm, &p->adjoint_request));
     }
     p->adjoint_started = true;
@@ -127,7 +127,7 @@ WaitHandle start(const std::shared_ptr<CommState>& state, const at::Tensor& t, i
     p->buffer = kind == Pending::kSend ? t.contiguous().variable_data() : at::empty(p->sizes, p->options);
   }
   const int n = mpi_count(p->buffer.numel(), p->what());
-  const MPI_Datatype type = comm_datatype(p->buffer.scalar_type());
+  const MPI_Datatype type = mpi_datatype(p->buffer.scalar_type());
   if (kind == Pending::kSend)
     PARTITA_MPI_CHECK(MPI_Isend(p->buffer.data_ptr(), n, type, peer, tag, s.comm, &p->request));
   else

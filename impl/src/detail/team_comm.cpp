@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <climits>
 #include <stdexcept>
 #include <cstring>
@@ -101,6 +102,7 @@ MPI_Datatype mpi_datatype(at::ScalarType t) {
     case at::kShort: return MPI_INT16_T;
     case at::kInt: return MPI_INT32_T;
     case at::kLong: return MPI_INT64_T;
+    case at::kBool: return MPI_C_BOOL;
     default: throw ShapeError("partita: dtype " + dtype_name(t) + " is not supported",
                               rule_code::kDtypeUnsupported);
   }
@@ -183,18 +185,6 @@ at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team
   return out;
 }
 
-at::Tensor allreduce_team(const Partition& team, const at::Tensor& x, const std::string& what) {
-  at::Tensor out = x.clone(at::MemoryFormat::Contiguous);
-  if (team.size() > 1 && out.numel() > 0) {
-    MPI_Request req;
-    PARTITA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, out.data_ptr(), mpi_count(out.numel(), what),
-                                     mpi_datatype(out.scalar_type()), mpi_sum(out.scalar_type()),
-                                     team.comm(), &req));
-    wait(req, what.c_str());
-  }
-  return out;
-}
-
 namespace {
 
 struct AdjointNode : torch::autograd::Node {
@@ -264,6 +254,7 @@ at::Tensor owned_contiguous(at::Tensor g) {
 namespace partita::mpi::detail {
 
 namespace {
+
 // The volumes of the dimensions before and after `dim`: a tensor seen as
 // [outer, length, inner].
 int64_t outer_volume(at::IntArrayRef sizes, int64_t dim) {
@@ -276,78 +267,281 @@ int64_t inner_volume(at::IntArrayRef sizes, int64_t dim) {
   for (int64_t d = dim + 1; d < static_cast<int64_t>(sizes.size()); ++d) v *= sizes[d];
   return v;
 }
-}  // namespace
 
-// A contiguous tensor seen as [outer, length, inner] along `dim`: member r's
-// piece of a gathered tensor is a contiguous [outer, len_r, inner] block of
-// its own input, so the collective moves the pieces as they are, one after
-// the other in team order. Only when outer > 1 (dim is not the first
-// dimension) does a piece land in strided rows: then one copy (at::cat of
-// the received pieces, or of the slices before a reduce-scatter) puts the
-// rows in place. (An earlier version moved `dim` to the front and back, two
-// transposing copies of the whole tensor: profiled as the cost of the
-// ZeRO-3 Linear layers' weight gathers, docs/benchmarks.md.)
-at::Tensor allgather_dim(const Partition& team, const at::Tensor& x, int64_t dim,
-                         const std::vector<int64_t>& lengths, const std::string& what) {
-  const at::Tensor c = x.contiguous();
-  const int64_t inner = inner_volume(c.sizes(), dim);
-  const int64_t outer = outer_volume(c.sizes(), dim);
-  int64_t total = 0;
-  std::vector<int> counts, displs;
-  for (int64_t len : lengths) {
-    displs.push_back(mpi_count(total * outer * inner, what));
-    counts.push_back(mpi_count(len * outer * inner, what));
-    total += len;
+// MPI counts and displacements of consecutive blocks of `lens[i] * row`
+// elements; returns the elements in all.
+int64_t consecutive(const std::vector<int64_t>& lens, int64_t row, const std::string& what,
+                    std::vector<int>& counts, std::vector<int>& displs) {
+  counts.clear();
+  displs.clear();
+  int64_t at = 0;
+  for (int64_t len : lens) {
+    displs.push_back(mpi_count(at, what));
+    counts.push_back(mpi_count(len * row, what));
+    at += len * row;
   }
-  std::vector<int64_t> out_sizes = c.sizes().vec();
-  out_sizes[dim] = total;
-  if (team.size() == 1) return c.clone();
-  // Pieces in team order, each [outer, len_r, inner]: the output itself
-  // when outer is 1.
-  at::Tensor staged = at::empty({outer * total * inner}, c.options());
-  if (staged.numel() > 0) {
-    MPI_Request req;
-    iallgather_blocks(c.data_ptr(), mpi_count(c.numel(), what), mpi_datatype(c.scalar_type()),
-                      staged.data_ptr(), counts, displs, team.comm(), &req);
-    wait(req, what.c_str());
-  }
-  if (outer == 1) return staged.view(out_sizes);
-  std::vector<at::Tensor> pieces;
-  for (size_t r = 0; r < lengths.size(); ++r)
-    pieces.push_back(staged.narrow(0, displs[r], counts[r]).view({outer, lengths[r], inner}));
-  return at::cat(pieces, 1).view(out_sizes);
+  mpi_count(at, what);
+  return at;
 }
 
-at::Tensor reduce_scatter_dim(const Partition& team, const at::Tensor& x, int64_t dim,
+// The rows [starts[j], starts[j] + lens[j]) along `dim` of the contiguous c,
+// each as one contiguous block, with their counts and displacements: c itself
+// when outer is 1 (the displacements point into it), else one copy that puts
+// the blocks one after the other in order.
+at::Tensor send_blocks(const at::Tensor& c, int64_t dim, const std::vector<int64_t>& starts,
+                       const std::vector<int64_t>& lens, const std::string& what,
+                       std::vector<int>& counts, std::vector<int>& displs) {
+  const int64_t outer = outer_volume(c.sizes(), dim), inner = inner_volume(c.sizes(), dim);
+  if (outer == 1) {
+    counts.clear();
+    displs.clear();
+    for (size_t j = 0; j < lens.size(); ++j) {
+      displs.push_back(mpi_count(starts[j] * inner, what));
+      counts.push_back(mpi_count(lens[j] * inner, what));
+    }
+    return c;
+  }
+  const int64_t n = consecutive(lens, outer * inner, what, counts, displs);
+  at::Tensor staged = at::empty({n}, c.options());
+  const at::Tensor v = c.view({outer, c.size(dim), inner});
+  for (size_t j = 0; j < lens.size(); ++j)
+    if (lens[j] > 0)
+      staged.narrow(0, displs[j], counts[j])
+          .view({outer, lens[j], inner})
+          .copy_(v.narrow(1, starts[j], lens[j]));
+  return staged;
+}
+
+// The tensor of `out_sizes` made of the received blocks in `flat`, block i
+// [outer, lens[i], inner] along `dim` (outer and inner of out_sizes): flat
+// itself when outer is 1, else one copy.
+at::Tensor from_blocks(const at::Tensor& flat, int64_t dim, const std::vector<int64_t>& lens,
+                       at::IntArrayRef out_sizes) {
+  const int64_t outer = outer_volume(out_sizes, dim), inner = inner_volume(out_sizes, dim);
+  if (outer == 1) return flat.view(out_sizes);
+  at::Tensor out = at::empty(out_sizes, flat.options());
+  const at::Tensor v = out.view({outer, out_sizes[dim], inner});
+  int64_t at = 0, row = 0;
+  for (int64_t len : lens) {
+    if (len > 0)
+      v.narrow(1, row, len).copy_(flat.narrow(0, at, outer * len * inner).view({outer, len, inner}));
+    at += outer * len * inner;
+    row += len;
+  }
+  return out;
+}
+
+std::vector<int64_t> starts_of(const std::vector<int64_t>& lens) {
+  std::vector<int64_t> starts(lens.size());
+  int64_t at = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    starts[i] = at;
+    at += lens[i];
+  }
+  return starts;
+}
+
+int64_t total(const std::vector<int64_t>& v) {
+  int64_t t = 0;
+  for (int64_t x : v) t += x;
+  return t;
+}
+
+}  // namespace
+
+at::Tensor allreduce(const Group& g, const at::Tensor& x, MPI_Op op, const std::string& what) {
+  // MPI reads the input and writes a fresh output: no copy of our own.
+  const at::Tensor in = x.contiguous();
+  if (g.size == 1 || in.numel() == 0) return in.clone();
+  at::Tensor out = at::empty(in.sizes(), in.options());
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Iallreduce(in.data_ptr(), out.data_ptr(), mpi_count(in.numel(), what),
+                                   mpi_datatype(in.scalar_type()), op, g.comm, &req));
+  wait(req, what.c_str());
+  return out;
+}
+
+void bcast_inplace(const Group& g, at::Tensor& buf, int root, const std::string& what) {
+  if (g.size == 1 || buf.numel() == 0) return;
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Ibcast(buf.data_ptr(), mpi_count(buf.numel(), what),
+                               mpi_datatype(buf.scalar_type()), root, g.comm, &req));
+  wait(req, what.c_str());
+}
+
+void reduce_inplace(const Group& g, at::Tensor& buf, MPI_Op op, int root,
+                    const std::string& what) {
+  if (g.size == 1 || buf.numel() == 0) return;
+  MPI_Request req;
+  const bool me = g.rank == root;
+  PARTITA_MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : buf.data_ptr(), me ? buf.data_ptr() : nullptr,
+                                mpi_count(buf.numel(), what), mpi_datatype(buf.scalar_type()), op,
+                                root, g.comm, &req));
+  wait(req, what.c_str());
+}
+
+at::Tensor reduce_to(const Group& g, const at::Tensor& x, MPI_Op op, int root,
+                     const std::string& what) {
+  const at::Tensor in = x.contiguous();
+  const bool me = g.rank == root;
+  if (g.size == 1) return in.clone();
+  at::Tensor out = me ? at::empty(in.sizes(), in.options()) : at::Tensor();
+  if (in.numel() > 0) {
+    MPI_Request req;
+    PARTITA_MPI_CHECK(MPI_Ireduce(in.data_ptr(), me ? out.data_ptr() : nullptr,
+                                  mpi_count(in.numel(), what), mpi_datatype(in.scalar_type()), op,
+                                  root, g.comm, &req));
+    wait(req, what.c_str());
+  }
+  return out;
+}
+
+at::Tensor gather_dim(const Group& g, const at::Tensor& x, int64_t dim,
+                      const std::vector<int64_t>& lengths, int root, const std::string& what) {
+  const at::Tensor c = x.contiguous();
+  std::vector<int> counts, displs;
+  const int64_t n = consecutive(lengths, outer_volume(c.sizes(), dim) * inner_volume(c.sizes(), dim),
+                                what, counts, displs);
+  std::vector<int64_t> out_sizes = c.sizes().vec();
+  out_sizes[dim] = g.rank == root ? total(lengths) : 0;
+  if (g.size == 1) return c.clone();
+  at::Tensor staged = at::empty({g.rank == root ? n : 0}, c.options());
+  MPI_Request req;
+  const MPI_Datatype type = mpi_datatype(c.scalar_type());
+  PARTITA_MPI_CHECK(MPI_Igatherv(c.data_ptr(), mpi_count(c.numel(), what), type,
+                                 staged.data_ptr(), counts.data(), displs.data(), type, root,
+                                 g.comm, &req));
+  wait(req, what.c_str());
+  return from_blocks(staged, dim, g.rank == root ? lengths : std::vector<int64_t>(), out_sizes);
+}
+
+at::Tensor allgather_dim(const Group& g, const at::Tensor& x, int64_t dim,
+                         const std::vector<int64_t>& lengths, const std::string& what) {
+  const at::Tensor c = x.contiguous();
+  std::vector<int> counts, displs;
+  const int64_t n = consecutive(lengths, outer_volume(c.sizes(), dim) * inner_volume(c.sizes(), dim),
+                                what, counts, displs);
+  std::vector<int64_t> out_sizes = c.sizes().vec();
+  out_sizes[dim] = total(lengths);
+  if (g.size == 1) return c.clone();
+  at::Tensor staged = at::empty({n}, c.options());
+  if (n > 0) {
+    MPI_Request req;
+    iallgather_blocks(c.data_ptr(), mpi_count(c.numel(), what), mpi_datatype(c.scalar_type()),
+                      staged.data_ptr(), counts, displs, g.comm, &req);
+    wait(req, what.c_str());
+  }
+  return from_blocks(staged, dim, lengths, out_sizes);
+}
+
+at::Tensor reduce_scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
                               const std::vector<int64_t>& lengths, const std::string& what) {
   const at::Tensor c = x.contiguous();
-  const int64_t inner = inner_volume(c.sizes(), dim);
-  const int64_t outer = outer_volume(c.sizes(), dim);
-  std::vector<int> counts;
-  for (int64_t len : lengths) counts.push_back(mpi_count(len * outer * inner, what));
   std::vector<int64_t> out_sizes = c.sizes().vec();
-  out_sizes[dim] = lengths.at(team.rank());
-  if (team.size() == 1) return c.clone();
-  // Each member's slice as one contiguous block, in team order.
-  at::Tensor staged = c;
-  if (outer > 1) {
-    std::vector<at::Tensor> slices;
-    int64_t start = 0;
-    for (int64_t len : lengths) {
-      slices.push_back(c.view({outer, c.size(dim), inner}).narrow(1, start, len).reshape({-1}));
-      start += len;
-    }
-    staged = at::cat(slices);
-  }
+  out_sizes[dim] = lengths.at(g.rank);
+  if (g.size == 1) return c.clone();
+  std::vector<int> counts, displs;
+  const at::Tensor staged = send_blocks(c, dim, starts_of(lengths), lengths, what, counts, displs);
   at::Tensor out = at::empty(out_sizes, c.options());
   if (c.numel() > 0) {
     MPI_Request req;
     PARTITA_MPI_CHECK(MPI_Ireduce_scatter(staged.data_ptr(), out.data_ptr(), counts.data(),
                                           mpi_datatype(c.scalar_type()),
-                                          mpi_sum(c.scalar_type()), team.comm(), &req));
+                                          mpi_sum(c.scalar_type()), g.comm, &req));
     wait(req, what.c_str());
   }
   return out;
+}
+
+at::Tensor scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
+                       const std::vector<int64_t>& lengths, int root, const Shape& root_shape,
+                       const at::TensorOptions& options, const std::string& what) {
+  Shape out_shape = root_shape;
+  out_shape[dim] = lengths.at(g.rank);
+  at::Tensor out = at::empty(out_shape, options);
+  std::vector<int> counts, displs;
+  at::Tensor staged;
+  if (g.rank == root)
+    staged = send_blocks(x.contiguous(), dim, starts_of(lengths), lengths, what, counts, displs);
+  else
+    consecutive(lengths, outer_volume(root_shape, dim) * inner_volume(root_shape, dim), what,
+                counts, displs);
+  if (g.size == 1) {
+    out.view({-1}).copy_(staged.view({-1}).narrow(0, displs[0], counts[0]));
+    return out;
+  }
+  MPI_Request req;
+  const MPI_Datatype type = mpi_datatype(options.dtype().toScalarType());
+  PARTITA_MPI_CHECK(MPI_Iscatterv(g.rank == root ? staged.data_ptr() : nullptr, counts.data(),
+                                  displs.data(), type, out.data_ptr(),
+                                  mpi_count(out.numel(), what), type, root, g.comm, &req));
+  wait(req, what.c_str());
+  return out;
+}
+
+at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
+                        int64_t scatter_dim, const std::vector<int64_t>& gextents,
+                        const std::vector<int64_t>& numelem, const std::string& what) {
+  const int p = g.size, me = g.rank;
+  const at::Tensor c = x.contiguous();
+  // Rows along scatter_dim this rank sends to each member, and receives from each.
+  std::vector<int64_t> send_at(p), send_rows(p), recv_rows(p);
+  if (gather_dim != scatter_dim) {
+    // Piece j of every member is rows [N_j, N_j + numelem_j).
+    send_at = starts_of(numelem);
+    send_rows = numelem;
+    recv_rows.assign(p, numelem[me]);
+  } else {
+    // The concatenation of every member's x along the axis, re-split:
+    // member i's rows [C_i, C_i + g_i) overlap member j's [N_j, N_j + n_j).
+    const std::vector<int64_t> C = starts_of(gextents), N = starts_of(numelem);
+    auto overlap = [&](int i, int j, int64_t* start) {
+      const int64_t lo = std::max(C[i], N[j]);
+      const int64_t hi = std::min(C[i] + gextents[i], N[j] + numelem[j]);
+      if (start) *start = std::max<int64_t>(0, lo - C[i]);
+      return std::max<int64_t>(0, hi - lo);
+    };
+    for (int j = 0; j < p; ++j) {
+      send_rows[j] = overlap(me, j, &send_at[j]);
+      recv_rows[j] = overlap(j, me, nullptr);
+    }
+  }
+  std::vector<int> scounts, sdispls, rcounts, rdispls;
+  const at::Tensor send = send_blocks(c, scatter_dim, send_at, send_rows, what, scounts, sdispls);
+  // Member i's block to this rank is its x's rows along scatter_dim, of
+  // member i's extent along gather_dim.
+  std::vector<int64_t> out_sizes = c.sizes().vec();
+  out_sizes[scatter_dim] = numelem[me];
+  int64_t rtotal = 0;
+  for (int i = 0; i < p; ++i) {
+    std::vector<int64_t> sizes_i = c.sizes().vec();
+    if (gather_dim != scatter_dim) sizes_i[gather_dim] = gextents[i];
+    sizes_i[scatter_dim] = recv_rows[i];
+    rdispls.push_back(mpi_count(rtotal, what));
+    rcounts.push_back(mpi_count(volume(sizes_i), what));
+    rtotal += rcounts.back();
+  }
+  mpi_count(rtotal, what);
+  if (gather_dim != scatter_dim) out_sizes[gather_dim] = total(gextents);
+  at::Tensor recv = at::empty({rtotal}, c.options());
+  if (p == 1) {
+    recv.copy_(send.view({-1}).narrow(0, sdispls[0], scounts[0]));
+  } else {
+    MPI_Request req;
+    // Equal blocks everywhere: every member sends every other the same
+    // number of rows of the same extents (numelem and gextents are agreed).
+    const bool uniform =
+        gather_dim != scatter_dim &&
+        std::all_of(numelem.begin(), numelem.end(), [&](int64_t n) { return n == numelem[0]; }) &&
+        std::all_of(gextents.begin(), gextents.end(), [&](int64_t e) { return e == gextents[0]; });
+    ialltoall_blocks(uniform, send.data_ptr(), scounts, sdispls, recv.data_ptr(), rcounts, rdispls,
+                     mpi_datatype(c.scalar_type()), g.comm, &req);
+    wait(req, what.c_str());
+  }
+  // The received blocks follow each other along gather_dim (equal axes:
+  // along the axis, member i's rows being recv_rows[i]).
+  return from_blocks(recv, gather_dim,
+                     gather_dim != scatter_dim ? gextents : recv_rows, out_sizes);
 }
 
 }  // namespace partita::mpi::detail

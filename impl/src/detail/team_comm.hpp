@@ -37,6 +37,8 @@ Header make_header(const at::Tensor& x);
 // partitions), in P's rank order. Inactive ranks get nothing.
 std::vector<Header> exchange_headers(const Partition& P, const Header& mine, const char* what);
 
+// bool (the communicator's logical reductions) is MPI_C_BOOL; the layers
+// refuse bool before any movement (input.dtype_unsupported).
 MPI_Datatype mpi_datatype(at::ScalarType t);
 
 // MPI_Iallgatherv / MPI_Ialltoallv, posted as MPI_Iallgather / MPI_Ialltoall
@@ -73,9 +75,6 @@ at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team
                         const at::Tensor& contrib, const Shape& out_shape,
                         const at::TensorOptions& out_options, const std::string& what);
 
-// Sum over `team`, result on every member.
-at::Tensor allreduce_team(const Partition& team, const at::Tensor& x, const std::string& what);
-
 // Gives `out` (a fresh tensor without history) an autograd node whose
 // backward is `adjoint(grad_out)`. `attach` must be the same on every rank
 // of the layer (an input anywhere requires grad) so that backward runs on
@@ -105,15 +104,69 @@ at::Tensor owned_contiguous(at::Tensor g);
 
 namespace partita::mpi::detail {
 
-// Concatenation along tensor dimension `dim` of every team member's `x`, in
-// team rank order; `lengths[i]` is member i's extent along `dim` (the other
-// extents agree). Every member gets the result.
-at::Tensor allgather_dim(const Partition& team, const at::Tensor& x, int64_t dim,
-                         const std::vector<int64_t>& lengths, const std::string& what);
+// ---- The data movement of the layers and of the communicator (one
+// implementation, issue 12 item 7) --------------------------------------------
+// Each call starts one non-blocking collective over `g` and finishes it
+// through mpi::wait; each returns new storage (never the input's). A tensor
+// is seen as [outer, length, inner] along the moved dimension `dim`: a
+// member's piece is a contiguous [outer, len, inner] block, moved as it is;
+// only when outer > 1 does one copy put the rows in place (no transposes).
 
-// The sum over the team of `x` (one shape everywhere), split along `dim`:
+// The members of one communicator, as the caller knows them.
+struct Group {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+};
+inline Group group_of(const Partition& P) { return {P.comm(), P.rank(), P.size()}; }
+
+// op over the group of x (one shape everywhere), on every member.
+at::Tensor allreduce(const Group& g, const at::Tensor& x, MPI_Op op, const std::string& what);
+// In place on `buf` (contiguous), the root's values everywhere.
+void bcast_inplace(const Group& g, at::Tensor& buf, int root, const std::string& what);
+// In place on `buf` (contiguous): op over the group at the root; the other
+// members' buf is left as it was.
+void reduce_inplace(const Group& g, at::Tensor& buf, MPI_Op op, int root, const std::string& what);
+// op over the group of x at the root (new storage); undefined elsewhere.
+at::Tensor reduce_to(const Group& g, const at::Tensor& x, MPI_Op op, int root,
+                     const std::string& what);
+// Concatenation along `dim` of every member's x, in group order
+// (`lengths[i]`: member i's extent along dim, the other extents agree): at
+// the root (gather_dim; the others get extent 0 along dim) or everywhere.
+at::Tensor gather_dim(const Group& g, const at::Tensor& x, int64_t dim,
+                      const std::vector<int64_t>& lengths, int root, const std::string& what);
+at::Tensor allgather_dim(const Group& g, const at::Tensor& x, int64_t dim,
+                         const std::vector<int64_t>& lengths, const std::string& what);
+// The sum over the group of x (one shape everywhere), split along `dim`:
 // member i gets the slice of extent `lengths[i]` after those of members < i.
-at::Tensor reduce_scatter_dim(const Partition& team, const at::Tensor& x, int64_t dim,
+at::Tensor reduce_scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
                               const std::vector<int64_t>& lengths, const std::string& what);
+// The root's x (shape root_shape; other members' x is not read) split along
+// `dim` into `lengths`: member i's slice.
+at::Tensor scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
+                       const std::vector<int64_t>& lengths, int root, const Shape& root_shape,
+                       const at::TensorOptions& options, const std::string& what);
+// Member j's piece (`numelem[j]` along scatter_dim) of every member's x goes
+// to member j, concatenated along gather_dim (`gextents[i]`: member i's
+// extent along it; the other extents agree). gather_dim == scatter_dim: the
+// concatenation of every member's x along it, re-split into `numelem`.
+at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
+                        int64_t scatter_dim, const std::vector<int64_t>& gextents,
+                        const std::vector<int64_t>& numelem, const std::string& what);
+
+// The layers' names for them, on a team.
+inline at::Tensor allreduce_team(const Partition& team, const at::Tensor& x,
+                                 const std::string& what) {
+  return allreduce(group_of(team), x, mpi_sum(x.scalar_type()), what);
+}
+inline at::Tensor allgather_dim(const Partition& team, const at::Tensor& x, int64_t dim,
+                                const std::vector<int64_t>& lengths, const std::string& what) {
+  return allgather_dim(group_of(team), x, dim, lengths, what);
+}
+inline at::Tensor reduce_scatter_dim(const Partition& team, const at::Tensor& x, int64_t dim,
+                                     const std::vector<int64_t>& lengths,
+                                     const std::string& what) {
+  return reduce_scatter_dim(group_of(team), x, dim, lengths, what);
+}
 
 }  // namespace partita::mpi::detail
