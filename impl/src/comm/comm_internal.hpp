@@ -45,7 +45,9 @@ struct Pending {
   bool adjoint_waited = false;
   MPI_Request adjoint_request = MPI_REQUEST_NULL;
   at::Tensor adjoint_buffer;
-  std::string what() const;
+  std::string name;  // "isend to 1 (tag 0)", made once at start (what())
+  const std::string& what() const { return name; }
+  static std::string name_of(Kind kind, int peer, int tag);
 };
 
 // One rank's statement about a call: its tensor's dtype and shape, a local

@@ -100,7 +100,7 @@ std::string shape_str(at::IntArrayRef s) {
   return os.str();
 }
 
-std::string Pending::what() const {
+std::string Pending::name_of(Kind kind, int peer, int tag) {
   return std::string(kind == kSend ? "isend to " : "irecv from ") + std::to_string(peer) +
          " (tag " + std::to_string(tag) + ")";
 }

@@ -120,6 +120,7 @@ WaitHandle start(const std::shared_ptr<CommState>& state, const at::Tensor& t, i
   p->comm = state;
   p->peer = peer;
   p->tag = tag;
+  p->name = Pending::name_of(kind, peer, tag);
   p->sizes = t.sizes().vec();
   p->options = t.options().requires_grad(false);
   {
