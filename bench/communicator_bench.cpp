@@ -10,7 +10,10 @@
 // raw calls of both directions (allreduce twice; bcast + reduce; alltoall
 // twice; the ring both ways). The ring's forward+backward is the seed's
 // graph with join_dummies / join_dummies_handle. Sizes are the bytes of the
-// float32 tensor each rank passes.
+// float32 tensor each rank passes. Two floors under these rows:
+// mpi_nonblocking_* time MPICH's non-blocking collectives (which every call
+// posts) against the blocking ones (which the twins call), and
+// comm_autograd_floor{,8}_fwdbwd LibTorch's autograd alone (no MPI).
 #include <torch/torch.h>
 
 #include "paired.hpp"
@@ -146,6 +149,98 @@ void comm_ring_fwdbwd(benchmark::State& s) {
          });
 }
 
+// ---- the floor: LibTorch's autograd engine alone ------------------------------
+// A custom Function that moves nothing (forward: a fresh tensor like x, as
+// every communicator call returns; backward: the incoming gradient), chained
+// `nodes` times after a leaf, forward then backward(), beside the same
+// allocation without a graph. What every _fwdbwd row pays before any
+// message: building the graph, the engine's backward() call, one node per
+// call and the leaf's gradient (AccumulateGrad). One node is allreduce's
+// graph; the ring's has eight.
+struct NoOp : torch::autograd::Function<NoOp> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) {
+    return at::empty_like(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list g) {
+    return g;
+  }
+};
+void autograd_floor(benchmark::State& s, int nodes) {
+  const at::Tensor x = data(floats(s)).requires_grad_();
+  const at::Tensor dy = data(floats(s));
+  paired(s, s.range(0),
+         [&] {
+           at::Tensor y = x;
+           for (int k = 0; k < nodes; ++k) y = NoOp::apply(y);
+           backward_and_reset(y, dy, x);
+         },
+         [&] { benchmark::DoNotOptimize(at::empty_like(x)); });
+}
+void comm_autograd_floor_fwdbwd(benchmark::State& s) { autograd_floor(s, 1); }
+void comm_autograd_floor8_fwdbwd(benchmark::State& s) { autograd_floor(s, 8); }
+
+// ---- MPICH's non-blocking collectives against its blocking ones ---------------
+// Every communicator call posts the non-blocking collective and finishes it
+// under partita's waiting policy (mpi::wait: test + yield, deadline mode),
+// where the twins call the blocking one; MPICH runs the two with different
+// algorithms. These rows time exactly that difference (no LibTorch, no
+// checks): MPI_I<call> + mpi::wait beside MPI_<call>, the same buffers.
+template <typename Post, typename Blocking>
+void nonblocking(benchmark::State& s, Post&& post, Blocking&& blocking) {
+  paired(s, s.range(0),
+         [&] {
+           MPI_Request req;
+           post(&req);
+           partita::mpi::wait(req, "bench");
+         },
+         blocking);
+}
+void mpi_nonblocking_allreduce(benchmark::State& s) {
+  at::Tensor buf = data(floats(s)), out = data(floats(s));
+  nonblocking(
+      s,
+      [&](MPI_Request* r) {
+        MPI_Iallreduce(buf.data_ptr(), out.data_ptr(), n_of(buf), MPI_FLOAT, MPI_SUM,
+                       world_comm(), r);
+      },
+      [&] {
+        MPI_Allreduce(buf.data_ptr(), out.data_ptr(), n_of(buf), MPI_FLOAT, MPI_SUM, world_comm());
+      });
+}
+void mpi_nonblocking_bcast(benchmark::State& s) {
+  at::Tensor buf = data(floats(s));
+  nonblocking(
+      s, [&](MPI_Request* r) { MPI_Ibcast(buf.data_ptr(), n_of(buf), MPI_FLOAT, 0, world_comm(), r); },
+      [&] { MPI_Bcast(buf.data_ptr(), n_of(buf), MPI_FLOAT, 0, world_comm()); });
+}
+void mpi_nonblocking_reduce(benchmark::State& s) {
+  at::Tensor buf = data(floats(s)), out = data(floats(s));
+  nonblocking(
+      s,
+      [&](MPI_Request* r) {
+        MPI_Ireduce(buf.data_ptr(), out.data_ptr(), n_of(buf), MPI_FLOAT, MPI_SUM, 0,
+                    world_comm(), r);
+      },
+      [&] {
+        MPI_Reduce(buf.data_ptr(), out.data_ptr(), n_of(buf), MPI_FLOAT, MPI_SUM, 0, world_comm());
+      });
+}
+void mpi_nonblocking_alltoall(benchmark::State& s) {
+  const int piece = static_cast<int>(floats(s) / world_size());
+  at::Tensor send = data(floats(s)), recv = data(floats(s));
+  nonblocking(
+      s,
+      [&](MPI_Request* r) {
+        MPI_Ialltoall(send.data_ptr(), piece, MPI_FLOAT, recv.data_ptr(), piece, MPI_FLOAT,
+                      world_comm(), r);
+      },
+      [&] {
+        MPI_Alltoall(send.data_ptr(), piece, MPI_FLOAT, recv.data_ptr(), piece, MPI_FLOAT,
+                     world_comm());
+      });
+}
+
 void sizes(benchmark::internal::Benchmark* b) {
   for (int64_t bytes = 4 << 10; bytes <= 16 << 20; bytes *= 4) b->Arg(bytes);
   b->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -159,6 +254,12 @@ BENCHMARK(comm_alltoall_fwd)->Apply(sizes);
 BENCHMARK(comm_alltoall_fwdbwd)->Apply(sizes);
 BENCHMARK(comm_ring_fwd)->Apply(sizes);
 BENCHMARK(comm_ring_fwdbwd)->Apply(sizes);
+BENCHMARK(mpi_nonblocking_allreduce)->Apply(sizes);
+BENCHMARK(mpi_nonblocking_bcast)->Apply(sizes);
+BENCHMARK(mpi_nonblocking_reduce)->Apply(sizes);
+BENCHMARK(mpi_nonblocking_alltoall)->Apply(sizes);
+BENCHMARK(comm_autograd_floor_fwdbwd)->Arg(4 << 10)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(comm_autograd_floor8_fwdbwd)->Arg(4 << 10)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
@@ -172,6 +273,12 @@ const std::map<std::string, std::string>& communicator_twins() {
       {"comm_alltoall_fwdbwd", "2 x MPI_Alltoall"},
       {"comm_ring_fwd", "MPI_Irecv + MPI_Isend + MPI_Waitall"},
       {"comm_ring_fwdbwd", "2 x (MPI_Irecv + MPI_Isend + MPI_Waitall)"},
+      {"mpi_nonblocking_allreduce", "MPI_Allreduce"},
+      {"mpi_nonblocking_bcast", "MPI_Bcast"},
+      {"mpi_nonblocking_reduce", "MPI_Reduce"},
+      {"mpi_nonblocking_alltoall", "MPI_Alltoall"},
+      {"comm_autograd_floor_fwdbwd", "at::empty_like (no graph, no MPI)"},
+      {"comm_autograd_floor8_fwdbwd", "at::empty_like (no graph, no MPI)"},
   };
   return twins;
 }
