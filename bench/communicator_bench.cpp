@@ -12,7 +12,8 @@
 // graph with join_dummies / join_dummies_handle. Sizes are the bytes of the
 // float32 tensor each rank passes. Two floors under these rows:
 // mpi_nonblocking_* time MPICH's non-blocking collectives (which every call
-// posts) against the blocking ones (which the twins call), and
+// posts) against the blocking ones (which the twins call),
+// mpi_exchange_then_alltoall the communicator's alltoall in MPI calls alone, and
 // comm_autograd_floor{,8}_fwdbwd LibTorch's autograd alone (no MPI).
 #include <torch/torch.h>
 
@@ -241,6 +242,31 @@ void mpi_nonblocking_alltoall(benchmark::State& s) {
       });
 }
 
+// The communicator's alltoall in MPI calls alone: the exchange of every
+// rank's 15-word record (MPI_Iallgather) and then MPI_Ialltoall, each
+// finished by mpi::wait, beside MPI_Alltoall: how much of comm_alltoall_fwd's
+// overhead is MPI's, with no LibTorch and none of partita's code.
+void mpi_exchange_then_alltoall(benchmark::State& s) {
+  const int p = world_size();
+  const int piece = static_cast<int>(floats(s) / p);
+  at::Tensor send = data(floats(s)), recv = data(floats(s));
+  std::vector<int64_t> mine(15, 1), all(15 * p);
+  paired(s, s.range(0),
+         [&] {
+           MPI_Request req;
+           MPI_Iallgather(mine.data(), 15, MPI_INT64_T, all.data(), 15, MPI_INT64_T, world_comm(),
+                          &req);
+           partita::mpi::wait(req, "bench");
+           MPI_Ialltoall(send.data_ptr(), piece, MPI_FLOAT, recv.data_ptr(), piece, MPI_FLOAT,
+                         world_comm(), &req);
+           partita::mpi::wait(req, "bench");
+         },
+         [&] {
+           MPI_Alltoall(send.data_ptr(), piece, MPI_FLOAT, recv.data_ptr(), piece, MPI_FLOAT,
+                        world_comm());
+         });
+}
+
 void sizes(benchmark::internal::Benchmark* b) {
   for (int64_t bytes = 4 << 10; bytes <= 16 << 20; bytes *= 4) b->Arg(bytes);
   b->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -258,6 +284,7 @@ BENCHMARK(mpi_nonblocking_allreduce)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_bcast)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_reduce)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_alltoall)->Apply(sizes);
+BENCHMARK(mpi_exchange_then_alltoall)->Apply(sizes);
 BENCHMARK(comm_autograd_floor_fwdbwd)->Arg(4 << 10)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(comm_autograd_floor8_fwdbwd)->Arg(4 << 10)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
@@ -277,6 +304,7 @@ const std::map<std::string, std::string>& communicator_twins() {
       {"mpi_nonblocking_bcast", "MPI_Bcast"},
       {"mpi_nonblocking_reduce", "MPI_Reduce"},
       {"mpi_nonblocking_alltoall", "MPI_Alltoall"},
+      {"mpi_exchange_then_alltoall", "MPI_Alltoall"},
       {"comm_autograd_floor_fwdbwd", "at::empty_like (no graph, no MPI)"},
       {"comm_autograd_floor8_fwdbwd", "at::empty_like (no graph, no MPI)"},
   };
