@@ -10,7 +10,7 @@
 // raw calls of both directions (allreduce twice; bcast + reduce; alltoall
 // twice; the ring both ways). The ring's forward+backward is the seed's
 // graph with join_dummies / join_dummies_handle. Sizes are the bytes of the
-// float32 tensor each rank passes. Two floors under these rows:
+// float32 tensor each rank passes. Floors under these rows:
 // mpi_nonblocking_* time MPICH's non-blocking collectives (which every call
 // posts) against the blocking ones (which the twins call),
 // mpi_exchange_then_alltoall the communicator's alltoall in MPI calls alone, and
