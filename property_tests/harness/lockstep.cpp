@@ -116,8 +116,9 @@ LockstepParams lockstep_params() {
 
 bool check_lockstep_impl(const std::string& name,
                          const std::function<void(Verdict&)>& draw_and_run,
-                         std::string* report) {
-  const LockstepParams lp = lockstep_params();
+                         std::string* report, uint64_t seed_offset) {
+  LockstepParams lp = lockstep_params();
+  lp.seed += seed_offset;
   const MPI_Comm comm = harness_comm();
   bool first_failure = true;
   // Each case that misses a deadline costs the deadline's seconds; shrinking

@@ -75,14 +75,16 @@ MPI_Comm harness_comm();
 // Runs the property: `body` is called on every rank with the same case.
 // Returns true when all cases passed (the same answer on every rank); on
 // failure the report is printed on rank 0 and `report` holds it.
+// `seed_offset` is added to the seed (another round of cases from the same
+// run's seed; the replay line names the seed the round used).
 bool check_lockstep_impl(const std::string& name,
                          const std::function<void(Verdict&)>& draw_and_run,
-                         std::string* report);
+                         std::string* report, uint64_t seed_offset = 0);
 
 template <typename Case>
 bool check_lockstep(const std::string& name, rc::Gen<Case> gen,
                     std::function<void(const Case&, Verdict&)> body,
-                    std::string* report = nullptr) {
+                    std::string* report = nullptr, uint64_t seed_offset = 0) {
   return check_lockstep_impl(
       name,
       [gen, body](Verdict& v) {
@@ -96,7 +98,7 @@ bool check_lockstep(const std::string& name, rc::Gen<Case> gen,
           v.fail(std::string("exception: ") + e.what());
         }
       },
-      report);
+      report, seed_offset);
 }
 
 }  // namespace partita::testing
