@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <thread>
 #include <vector>
@@ -129,8 +130,16 @@ double one_process_step(const Options& o) {
   return median(t);
 }
 
+// CPU time of this process (every thread), seconds.
+double cpu_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
 struct StageFigures {
   double step = 0, busy = 0, wait = 0, bubble = 0;
+  double cpu = 0;  // CPU time the stage's process used in the step
   int peak_live = 0;
   double peak_mib = 0;
 };
@@ -153,13 +162,14 @@ std::pair<double, std::vector<StageFigures>> pipeline_steps(const Options& o, co
   });
   torch::manual_seed(4);
   const at::Tensor x = torch::randn({o.batch, o.width}), y = torch::randn({o.batch, o.width});
-  std::vector<double> steps, stage_steps, busy, wait, bubble, peak_mib;
+  std::vector<double> steps, stage_steps, busy, wait, bubble, peak_mib, cpu;
   int peak_live = 0;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     smp::barrier(smp::MP_GROUP);
-    const double t0 = now();
+    const double t0 = now(), c0 = cpu_now();
     train(x, y);
     double dt = now() - t0;
+    const double dc = cpu_now() - c0;
     opt.step();
     opt.zero_grad();
     if (s < o.warmup) continue;
@@ -175,8 +185,10 @@ std::pair<double, std::vector<StageFigures>> pipeline_steps(const Options& o, co
     bubble.push_back(1 - st.busy_seconds / steps.back());
     peak_live = std::max(peak_live, st.peak_live);
     peak_mib.push_back(st.peak_bytes / 1048576.0);
+    cpu.push_back(dc);
   }
-  StageFigures mine{median(stage_steps), median(busy), median(wait), median(bubble), peak_live, median(peak_mib)};
+  StageFigures mine{median(stage_steps), median(busy), median(wait), median(bubble),
+                    median(cpu), peak_live, median(peak_mib)};
   const auto all = smp::allgather(mine, smp::MP_GROUP);
   return {median(steps), all};
 }
@@ -203,22 +215,28 @@ int main(int argc, char** argv) {
   for (const char* pipeline : {"simple", "interleaved"}) {
     const auto [step, stages] = pipeline_steps(o, pipeline);
     if (mpi::world_rank() != 0) continue;
-    double mean_bubble = 0, busiest = 0;
+    double mean_bubble = 0, busiest = 0, cpu = 0;
     for (const auto& s : stages) {
       mean_bubble += s.bubble / stages.size();
       busiest = std::max(busiest, s.busy);
+      cpu += s.cpu;
     }
     // The theory assumes equal stages; stage 0 computes no input gradient
     // and is lighter, so the busiest stage's idle share is printed too.
     std::printf("\n%s: step %.2f ms (%.2fx one process); bubble measured %.1f %% (mean over stages), %.1f %% "
                 "(busiest stage), theory %.1f %%\n",
                 pipeline, step * 1e3, single / step, mean_bubble * 100, (1 - busiest / step) * 100, theory * 100);
-    std::printf("| stage | step (ms) | busy (ms) | waiting (ms) | bubble | peak activations | peak activation MiB |\n");
-    std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    // How many cores the stages kept busy on average: on a machine with
+    // fewer cores than stages, the step cannot be shorter than the CPU
+    // work over the cores.
+    std::printf("CPU time of all stages: %.2f ms per step, %.2f cores busy on average over the step\n",
+                cpu * 1e3, cpu / step);
+    std::printf("| stage | step (ms) | busy (ms) | waiting (ms) | CPU (ms) | bubble | peak activations | peak activation MiB |\n");
+    std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (size_t s = 0; s < stages.size(); ++s)
-      std::printf("| %zu | %.2f | %.2f | %.2f | %.1f %% | %d | %.2f |\n", s, stages[s].step * 1e3,
-                  stages[s].busy * 1e3, stages[s].wait * 1e3, stages[s].bubble * 100, stages[s].peak_live,
-                  stages[s].peak_mib);
+      std::printf("| %zu | %.2f | %.2f | %.2f | %.2f | %.1f %% | %d | %.2f |\n", s, stages[s].step * 1e3,
+                  stages[s].busy * 1e3, stages[s].wait * 1e3, stages[s].cpu * 1e3, stages[s].bubble * 100,
+                  stages[s].peak_live, stages[s].peak_mib);
   }
   return 0;
 }
