@@ -13,7 +13,8 @@
 // float32 tensor each rank passes. Floors under these rows:
 // mpi_nonblocking_* time MPICH's non-blocking collectives (which every call
 // posts) against the blocking ones (which the twins call),
-// mpi_exchange_then_alltoall the communicator's alltoall in MPI calls alone, and
+// mpi_exchange_then_alltoall the communicator's alltoall in MPI calls alone,
+// mpi_ring_fresh_recv the ring's, and
 // comm_autograd_floor{,8}_fwdbwd LibTorch's autograd alone (no MPI).
 #include <torch/torch.h>
 
@@ -267,6 +268,28 @@ void mpi_exchange_then_alltoall(benchmark::State& s) {
          });
 }
 
+
+// The ring in MPI calls alone, as the communicator makes them: a fresh
+// receive buffer (at::empty) per call, the send from the input tensor,
+// MPI_Irecv + MPI_Isend, then mpi::wait on each.
+void mpi_ring_fresh_recv(benchmark::State& s) {
+  const int next = (world_rank() + 1) % world_size();
+  const int prev = (world_rank() - 1 + world_size()) % world_size();
+  const at::Tensor x = data(floats(s));
+  at::Tensor send = data(floats(s)), recv = data(floats(s));
+  paired(s, s.range(0),
+         [&] {
+           at::Tensor r = at::empty({floats(s)});
+           MPI_Request req[2];
+           MPI_Irecv(r.data_ptr(), n_of(r), MPI_FLOAT, prev, 0, world_comm(), &req[0]);
+           MPI_Isend(x.data_ptr(), n_of(x), MPI_FLOAT, next, 0, world_comm(), &req[1]);
+           partita::mpi::wait(req[0], "bench");
+           partita::mpi::wait(req[1], "bench");
+           benchmark::DoNotOptimize(r);
+         },
+         [&] { raw_ring(send, recv, next, prev); });
+}
+
 void sizes(benchmark::internal::Benchmark* b) {
   for (int64_t bytes = 4 << 10; bytes <= 16 << 20; bytes *= 4) b->Arg(bytes);
   b->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -285,6 +308,7 @@ BENCHMARK(mpi_nonblocking_bcast)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_reduce)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_alltoall)->Apply(sizes);
 BENCHMARK(mpi_exchange_then_alltoall)->Apply(sizes);
+BENCHMARK(mpi_ring_fresh_recv)->Apply(sizes);
 BENCHMARK(comm_autograd_floor_fwdbwd)->Arg(4 << 10)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(comm_autograd_floor8_fwdbwd)->Arg(4 << 10)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
@@ -305,6 +329,7 @@ const std::map<std::string, std::string>& communicator_twins() {
       {"mpi_nonblocking_reduce", "MPI_Reduce"},
       {"mpi_nonblocking_alltoall", "MPI_Alltoall"},
       {"mpi_exchange_then_alltoall", "MPI_Alltoall"},
+      {"mpi_ring_fresh_recv", "MPI_Irecv + MPI_Isend + MPI_Waitall"},
       {"comm_autograd_floor_fwdbwd", "at::empty_like (no graph, no MPI)"},
       {"comm_autograd_floor8_fwdbwd", "at::empty_like (no graph, no MPI)"},
   };
