@@ -14,6 +14,8 @@
 // mpi_nonblocking_* time MPICH's non-blocking collectives (which every call
 // posts) against the blocking ones (which the twins call),
 // mpi_exchange_then_alltoall the communicator's alltoall in MPI calls alone,
+// mpi_exchange_{with,then}_allreduce the header agreement posted with, or
+// before, the data collective,
 // mpi_ring_fresh_recv the ring's, and
 // comm_autograd_floor{,8}_fwdbwd LibTorch's autograd alone (no MPI).
 #include <torch/torch.h>
@@ -268,6 +270,55 @@ void mpi_exchange_then_alltoall(benchmark::State& s) {
          });
 }
 
+// The floor of overlapping a layer's header agreement with its data
+// collective (issue 15, item 4): the 15-word header MPI_Iallgather and an
+// MPI_Iallreduce of the message, posted together and then both finished by
+// mpi::wait (mpi_exchange_with_allreduce), or one after the other as the
+// layers do today (mpi_exchange_then_allreduce), each beside MPI_Allreduce.
+// MPI calls only, no LibTorch in the timed region.
+struct HeaderAndAllreduce {
+  std::vector<int64_t> mine = std::vector<int64_t>(15, 1), all;
+  at::Tensor send, recv;
+  int n;
+  explicit HeaderAndAllreduce(const benchmark::State& s)
+      : all(15 * world_size()), send(data(floats(s))), recv(data(floats(s))), n(n_of(send)) {}
+  void post_headers(MPI_Request* req) {
+    MPI_Iallgather(mine.data(), 15, MPI_INT64_T, all.data(), 15, MPI_INT64_T, world_comm(), req);
+  }
+  void post_data(MPI_Request* req) {
+    MPI_Iallreduce(send.data_ptr(), recv.data_ptr(), n, MPI_FLOAT, MPI_SUM, world_comm(), req);
+  }
+  void raw() { MPI_Allreduce(send.data_ptr(), recv.data_ptr(), n, MPI_FLOAT, MPI_SUM, world_comm()); }
+};
+void together(HeaderAndAllreduce& m) {
+  MPI_Request req[2];
+  m.post_headers(&req[0]);
+  m.post_data(&req[1]);
+  partita::mpi::wait(req[0], "bench");
+  partita::mpi::wait(req[1], "bench");
+}
+void in_sequence(HeaderAndAllreduce& m) {
+  MPI_Request req;
+  m.post_headers(&req);
+  partita::mpi::wait(req, "bench");
+  m.post_data(&req);
+  partita::mpi::wait(req, "bench");
+}
+void mpi_exchange_with_allreduce(benchmark::State& s) {
+  HeaderAndAllreduce m(s);
+  paired(s, s.range(0), [&] { together(m); }, [&] { m.raw(); });
+}
+void mpi_exchange_then_allreduce(benchmark::State& s) {
+  HeaderAndAllreduce m(s);
+  paired(s, s.range(0), [&] { in_sequence(m); }, [&] { m.raw(); });
+}
+// The two against each other in the same iterations: the saving itself
+// (partita_us is "together", mpi_us "in sequence").
+void mpi_exchange_with_vs_then_allreduce(benchmark::State& s) {
+  HeaderAndAllreduce m(s);
+  paired(s, s.range(0), [&] { together(m); }, [&] { in_sequence(m); });
+}
+
 
 // The ring in MPI calls alone, as the communicator makes them: a fresh
 // receive buffer (at::empty) per call, the send from the input tensor,
@@ -308,6 +359,9 @@ BENCHMARK(mpi_nonblocking_bcast)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_reduce)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_alltoall)->Apply(sizes);
 BENCHMARK(mpi_exchange_then_alltoall)->Apply(sizes);
+BENCHMARK(mpi_exchange_with_allreduce)->Apply(sizes);
+BENCHMARK(mpi_exchange_then_allreduce)->Apply(sizes);
+BENCHMARK(mpi_exchange_with_vs_then_allreduce)->Apply(sizes);
 BENCHMARK(mpi_ring_fresh_recv)->Apply(sizes);
 BENCHMARK(comm_autograd_floor_fwdbwd)->Arg(4 << 10)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(comm_autograd_floor8_fwdbwd)->Arg(4 << 10)->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -329,6 +383,9 @@ const std::map<std::string, std::string>& communicator_twins() {
       {"mpi_nonblocking_reduce", "MPI_Reduce"},
       {"mpi_nonblocking_alltoall", "MPI_Alltoall"},
       {"mpi_exchange_then_alltoall", "MPI_Alltoall"},
+      {"mpi_exchange_with_allreduce", "MPI_Allreduce"},
+      {"mpi_exchange_then_allreduce", "MPI_Allreduce"},
+      {"mpi_exchange_with_vs_then_allreduce", "MPI_Iallgather, wait, MPI_Iallreduce, wait"},
       {"mpi_ring_fresh_recv", "MPI_Irecv + MPI_Isend + MPI_Waitall"},
       {"comm_autograd_floor_fwdbwd", "at::empty_like (no graph, no MPI)"},
       {"comm_autograd_floor8_fwdbwd", "at::empty_like (no graph, no MPI)"},
