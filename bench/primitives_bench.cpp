@@ -434,6 +434,34 @@ void halo_exchange_inplace_fwdbwd(benchmark::State& s) {
       [&] { x = leaf.clone(); });  // not a leaf; its backward passes the gradient on
 }
 
+// The floor under halo_exchange_inplace_fwdbwd: the same user graph,
+// (x * c).sum() on a clone of a leaf and its backward, with no exchange in
+// it (LibTorch's autograd alone), beside the same raw twin. Partita's own
+// share of the in-place halo's forward + backward is what the halo's row
+// costs over this row's time plus the twin's.
+void halo_exchange_autograd_floor_fwdbwd(benchmark::State& s) {
+  auto& H = halo_bench();
+  const int64_t cols = count(s);
+  const at::Tensor leaf = torch::randn({4, cols}).requires_grad_(true);
+  const at::Tensor c = torch::randn({4, cols});
+  at::Tensor x;
+  at::Tensor w = torch::randn({4, cols}), landing = torch::empty({2, cols});
+  paired(
+      s, s.range(0),
+      [&] {
+        (x * c).sum().backward();
+        leaf.mutable_grad().reset();
+      },
+      [&] {
+        H.raw(w.data_ptr<float>(), cols);
+        benchmark::DoNotOptimize((w * c).sum());
+        at::Tensor g = c * at::ones({}, c.options());
+        H.raw_adjoint(g.data_ptr<float>(), landing.data_ptr<float>(), cols);
+        benchmark::DoNotOptimize(g);
+      },
+      [&] { x = leaf.clone(); });
+}
+
 // 4 KiB to 16 MiB by factors of 4.
 void sizes(benchmark::internal::Benchmark* b) {
   for (int64_t bytes = 4 << 10; bytes <= 16 << 20; bytes *= 4) b->Arg(bytes);
@@ -456,6 +484,7 @@ BENCHMARK(repartition_packed_fwdbwd)->Apply(sizes);
 BENCHMARK(halo_exchange_fwd)->Apply(sizes);
 BENCHMARK(halo_exchange_inplace_fwd)->Apply(sizes);
 BENCHMARK(halo_exchange_inplace_fwdbwd)->Apply(sizes);
+BENCHMARK(halo_exchange_autograd_floor_fwdbwd)->Apply(sizes);
 BENCHMARK(repartition_p2p_vs_alltoallw)->Apply(sizes);
 
 // Each benchmark's raw-MPI twin, recorded in the JSON context.
@@ -477,6 +506,7 @@ const std::map<std::string, std::string> kTwins = {
     {"halo_exchange_fwd", "2 x MPI_Sendrecv (in place)"},
     {"halo_exchange_inplace_fwd", "2 x MPI_Sendrecv (in place)"},
     {"halo_exchange_inplace_fwdbwd", "2 x MPI_Sendrecv, y*c summed, 2 x MPI_Sendrecv + add (adjoint)"},
+    {"halo_exchange_autograd_floor_fwdbwd", "the same twin as halo_exchange_inplace_fwdbwd (ours: the user graph's autograd alone, no exchange)"},
 };
 
 class NullReporter : public benchmark::BenchmarkReporter {

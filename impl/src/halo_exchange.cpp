@@ -30,6 +30,9 @@ struct Step {
   // The subarray datatypes of the four boxes in this rank's window, made
   // once per plan; null where the box is empty or has no partner.
   std::shared_ptr<const BoxType> t_ghost_lo, t_ghost_hi, t_for_lo, t_for_hi;
+  // The adjoint's work on the window, planned once: zero each ghost box,
+  // add each arrived gradient (a buffer of the box's shape) into its bulk box.
+  BoxCopy zero_ghost_lo, zero_ghost_hi, add_for_lo, add_for_hi;
 };
 
 // Everything a call needs once the headers are known (plans made once,
@@ -104,6 +107,11 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
       s.t_ghost_hi = type(s.hi, s.ghost_hi);
       s.t_for_lo = type(s.lo, s.for_lo);
       s.t_for_hi = type(s.hi, s.for_hi);
+      const int64_t elsize = static_cast<int64_t>(c10::elementSize(headers[0].scalar_type()));
+      if (s.t_ghost_lo) s.zero_ghost_lo = box_unpack(window, s.ghost_lo, elsize);
+      if (s.t_ghost_hi) s.zero_ghost_hi = box_unpack(window, s.ghost_hi, elsize);
+      if (s.t_for_lo) s.add_for_lo = box_unpack(window, s.for_lo, elsize);
+      if (s.t_for_hi) s.add_for_hi = box_unpack(window, s.for_hi, elsize);
       steps.push_back(std::move(s));
     }
     return steps;
@@ -140,13 +148,14 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     MPI_Request reqs[4];
     int n = 0;
     at::Tensor landing[2];
-    const Box* landed[2] = {nullptr, nullptr};
-    auto post_recv = [&](int from, int tag, const Box& box, const BoxType* type) {
+    const BoxCopy* landed[2] = {nullptr, nullptr};
+    auto post_recv = [&](int from, int tag, const Box& box, const BoxType* type,
+                         const BoxCopy& add) {
       if (!type) return;
       if (adjoint) {
         const int i = landed[0] ? 1 : 0;
         landing[i] = at::empty(box.len, t.options());
-        landed[i] = &box;
+        landed[i] = &add;
         PARTITA_MPI_CHECK(MPI_Irecv(landing[i].data_ptr(), mpi_count(box.size(), what), element,
                                     from, tag, P_x.comm(), &reqs[n++]));
       } else {
@@ -160,22 +169,25 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     // Forward: bulk travels out, ghosts land. Adjoint: ghosts travel back
     // and are added into the bulk they came from.
     if (!adjoint) {
-      post_recv(s.lo, s.tag_up, s.ghost_lo, s.t_ghost_lo.get());
-      post_recv(s.hi, s.tag_down, s.ghost_hi, s.t_ghost_hi.get());
+      post_recv(s.lo, s.tag_up, s.ghost_lo, s.t_ghost_lo.get(), s.add_for_lo);
+      post_recv(s.hi, s.tag_down, s.ghost_hi, s.t_ghost_hi.get(), s.add_for_hi);
       post_send(s.lo, s.tag_down, s.t_for_lo.get());
       post_send(s.hi, s.tag_up, s.t_for_hi.get());
     } else {
-      post_recv(s.lo, s.tag_up, s.for_lo, s.t_for_lo.get());
-      post_recv(s.hi, s.tag_down, s.for_hi, s.t_for_hi.get());
+      post_recv(s.lo, s.tag_up, s.for_lo, s.t_for_lo.get(), s.add_for_lo);
+      post_recv(s.hi, s.tag_down, s.for_hi, s.t_for_hi.get(), s.add_for_hi);
       post_send(s.lo, s.tag_down, s.t_ghost_lo.get());
       post_send(s.hi, s.tag_up, s.t_ghost_hi.get());
     }
     mpi::wait_all(n, reqs, what.c_str());
     if (!adjoint) return;
-    if (s.t_ghost_lo) narrow_to(t, s.ghost_lo).zero_();
-    if (s.t_ghost_hi) narrow_to(t, s.ghost_hi).zero_();
+    // The ghosts' gradients went back: zero them, then add what arrived
+    // into the bulk boxes it belongs to (t is contiguous, of the window's
+    // shape, the plan's dtype).
+    if (s.t_ghost_lo) box_zero(s.zero_ghost_lo, t.data_ptr());
+    if (s.t_ghost_hi) box_zero(s.zero_ghost_hi, t.data_ptr());
     for (int i = 0; i < 2; ++i)
-      if (landed[i]) narrow_to(t, *landed[i]).add_(landing[i]);
+      if (landed[i]) box_add(*landed[i], landing[i].data_ptr(), t.data_ptr(), t.scalar_type());
   }
 
   // The headers of this call and the plan made from them (made, checked and

@@ -1,5 +1,7 @@
 #include "detail/box_view.hpp"
 
+#include <ATen/Dispatch.h>
+
 #include <cstring>
 #include <stdexcept>
 #include <vector>
@@ -59,20 +61,48 @@ BoxCopy box_unpack(const Shape& full, const Box& box, int64_t elsize) {
 }
 
 namespace {
-void copy_loops(const BoxCopy& c, size_t level, const char* src, char* dst) {
+template <typename Run>
+void run_loops(const BoxCopy& c, size_t level, const char* src, char* dst, const Run& f) {
   if (level == c.count.size()) {
-    std::memcpy(dst, src, static_cast<size_t>(c.run));
+    f(src, dst);
     return;
   }
   for (int64_t i = 0; i < c.count[level]; ++i)
-    copy_loops(c, level + 1, src + i * c.src_stride[level], dst + i * c.dst_stride[level]);
+    run_loops(c, level + 1, src + i * c.src_stride[level], dst + i * c.dst_stride[level], f);
+}
+
+void zero_loops(const BoxCopy& c, size_t level, char* dst) {
+  if (level == c.count.size()) {
+    std::memset(dst, 0, static_cast<size_t>(c.run));
+    return;
+  }
+  for (int64_t i = 0; i < c.count[level]; ++i) zero_loops(c, level + 1, dst + i * c.dst_stride[level]);
 }
 }  // namespace
 
 void BoxCopy::operator()(const void* src, void* dst) const {
   if (run == 0) return;
-  copy_loops(*this, 0, static_cast<const char*>(src) + src_offset,
-             static_cast<char*>(dst) + dst_offset);
+  const size_t n = static_cast<size_t>(run);
+  run_loops(*this, 0, static_cast<const char*>(src) + src_offset, static_cast<char*>(dst) + dst_offset,
+            [n](const char* s, char* d) { std::memcpy(d, s, n); });
+}
+
+void box_zero(const BoxCopy& c, void* dst) {
+  if (c.run == 0) return;
+  zero_loops(c, 0, static_cast<char*>(dst) + c.dst_offset);
+}
+
+void box_add(const BoxCopy& c, const void* src, void* dst, at::ScalarType type) {
+  if (c.run == 0) return;
+  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, type, "box_add", [&] {
+    const int64_t n = c.run / static_cast<int64_t>(sizeof(scalar_t));
+    run_loops(c, 0, static_cast<const char*>(src) + c.src_offset,
+              static_cast<char*>(dst) + c.dst_offset, [n](const char* s, char* d) {
+                const auto* a = reinterpret_cast<const scalar_t*>(s);
+                auto* b = reinterpret_cast<scalar_t*>(d);
+                for (int64_t i = 0; i < n; ++i) b[i] = static_cast<scalar_t>(b[i] + a[i]);
+              });
+  });
 }
 
 BoxType::BoxType(const Shape& full, const Box& box, MPI_Datatype element, const std::string& what) {

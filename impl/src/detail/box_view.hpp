@@ -50,6 +50,14 @@ BoxCopy box_copy(const Shape& src_full, const Box& src_box, const Shape& dst_ful
 BoxCopy box_pack(const Shape& full, const Box& box, int64_t elsize);
 BoxCopy box_unpack(const Shape& full, const Box& box, int64_t elsize);
 
+// The same loops, writing zeros over the destination side of `c`, or adding
+// its source side into its destination side element by element (elements
+// of `type`; integers wrap, half and bfloat16 round each sum as at::add_
+// does): the halo's adjoint zeroes ghosts and adds their gradients into the
+// bulk without a view or a TensorIterator per box.
+void box_zero(const BoxCopy& c, void* dst);
+void box_add(const BoxCopy& c, const void* src, void* dst, at::ScalarType type);
+
 // A committed MPI_Type_create_subarray of `box` within a C-ordered tensor of
 // shape `full` (the box non-empty), freed with the object. Send or receive
 // one of it at the tensor's data pointer.
