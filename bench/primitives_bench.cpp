@@ -410,7 +410,13 @@ void halo_exchange_inplace_fwd(benchmark::State& s) {
 // its node a fresh one, which the adjoint reuses in place). The twin does
 // the same arithmetic: the product and its sum, the gradient c, the raw
 // exchange and its adjoint.
-void halo_exchange_inplace_fwdbwd(benchmark::State& s) {
+// `exchange` false: the floor under the halo's row
+// (halo_exchange_autograd_floor_fwdbwd), the same user graph, (x * c).sum()
+// on a clone of a leaf and its backward, with no exchange in it (LibTorch's
+// autograd alone), beside the same raw twin. Partita's own share of the
+// in-place halo's forward + backward is what the halo's row costs over the
+// floor's time plus the twin's.
+void halo_fwdbwd(benchmark::State& s, bool exchange) {
   auto& H = halo_bench();
   const int64_t cols = count(s);
   const at::Tensor leaf = torch::randn({4, cols}).requires_grad_(true);
@@ -420,7 +426,7 @@ void halo_exchange_inplace_fwdbwd(benchmark::State& s) {
   paired(
       s, s.range(0),
       [&] {
-        at::Tensor y = (*H.layer)(x);
+        at::Tensor y = exchange ? (*H.layer)(x) : x;
         (y * c).sum().backward();
         leaf.mutable_grad().reset();
       },
@@ -433,34 +439,8 @@ void halo_exchange_inplace_fwdbwd(benchmark::State& s) {
       },
       [&] { x = leaf.clone(); });  // not a leaf; its backward passes the gradient on
 }
-
-// The floor under halo_exchange_inplace_fwdbwd: the same user graph,
-// (x * c).sum() on a clone of a leaf and its backward, with no exchange in
-// it (LibTorch's autograd alone), beside the same raw twin. Partita's own
-// share of the in-place halo's forward + backward is what the halo's row
-// costs over this row's time plus the twin's.
-void halo_exchange_autograd_floor_fwdbwd(benchmark::State& s) {
-  auto& H = halo_bench();
-  const int64_t cols = count(s);
-  const at::Tensor leaf = torch::randn({4, cols}).requires_grad_(true);
-  const at::Tensor c = torch::randn({4, cols});
-  at::Tensor x;
-  at::Tensor w = torch::randn({4, cols}), landing = torch::empty({2, cols});
-  paired(
-      s, s.range(0),
-      [&] {
-        (x * c).sum().backward();
-        leaf.mutable_grad().reset();
-      },
-      [&] {
-        H.raw(w.data_ptr<float>(), cols);
-        benchmark::DoNotOptimize((w * c).sum());
-        at::Tensor g = c * at::ones({}, c.options());
-        H.raw_adjoint(g.data_ptr<float>(), landing.data_ptr<float>(), cols);
-        benchmark::DoNotOptimize(g);
-      },
-      [&] { x = leaf.clone(); });
-}
+void halo_exchange_inplace_fwdbwd(benchmark::State& s) { halo_fwdbwd(s, true); }
+void halo_exchange_autograd_floor_fwdbwd(benchmark::State& s) { halo_fwdbwd(s, false); }
 
 // 4 KiB to 16 MiB by factors of 4.
 void sizes(benchmark::internal::Benchmark* b) {
