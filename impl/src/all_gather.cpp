@@ -18,7 +18,7 @@ using namespace partita::mpi::detail;
 // checks. Each one's forward is the other's adjoint.
 struct GatherLayer {
   bool gather = true;  // AllGather; else ReduceScatter
-  std::string name;
+  std::string name, adjoint_name;  // both made once, not per call
   mpi::Partition P_x, team;
   int axis = 0;
   int64_t dim = 0;
@@ -99,14 +99,14 @@ struct GatherLayer {
       y = gather ? allgather_dim(team, x, dim, lengths, name)
                  : reduce_scatter_dim(team, x, dim, lengths, name);
     }
-    const mpi::Partition t = team;
-    const int64_t d = dim;
-    const bool g = gather;
-    const std::string adjoint_name = name + " adjoint";
-    return with_adjoint(y, x, c->attach, name, [=](const at::Tensor& gy) {
-      return g ? reduce_scatter_dim(t, gy, d, c->lengths, adjoint_name)
-               : allgather_dim(t, gy, d, c->lengths, adjoint_name);
-    });
+    // (with_adjoint returns y as it is when no node is attached: the
+    // adjoint's closure is only built when one is.)
+    if (!c->attach) return y;
+    auto adjoint = [t = team, d = dim, g = gather, c, what = adjoint_name](const at::Tensor& gy) {
+      return g ? reduce_scatter_dim(t, gy, d, c->lengths, what)
+               : allgather_dim(t, gy, d, c->lengths, what);
+    };
+    return with_adjoint(y, x, true, name, std::move(adjoint));
   }
 };
 
@@ -115,6 +115,7 @@ std::shared_ptr<GatherLayer> make(bool gather, const mpi::Partition& P_x, int ax
   l->gather = gather;
   l->name = std::string(gather ? "AllGather" : "ReduceScatter") + "(P_x " + P_x.describe() +
             ", axis " + std::to_string(axis) + ", dim " + std::to_string(dim) + ")";
+  l->adjoint_name = l->name + " adjoint";
   l->P_x = P_x;
   l->axis = axis;
   l->dim = dim;

@@ -13,7 +13,7 @@ namespace detail {
 using namespace partita::mpi::detail;
 
 struct AllSumReduceLayer {
-  std::string name;
+  std::string name, adjoint_name;  // both made once, not per call
   mpi::Partition P_x, team;
   std::vector<Ranks> groups;  // every team, world ranks
 
@@ -27,11 +27,12 @@ struct AllSumReduceLayer {
       at::NoGradGuard no_grad;
       y = allreduce_team(team, x, name);
     }
-    const mpi::Partition t = team;
-    const std::string adjoint_name = name + " adjoint";
-    return with_adjoint(y, x, any_requires_grad(headers), name,
-                        [t, adjoint_name](const at::Tensor& gy) {
-                          return allreduce_team(t, gy, adjoint_name);
+    // (with_adjoint returns y as it is when no node is attached: the
+    // adjoint's closure is only built when one is.)
+    if (!any_requires_grad(headers)) return y;
+    return with_adjoint(y, x, true, name,
+                        [t = team, what = adjoint_name](const at::Tensor& gy) {
+                          return allreduce_team(t, gy, what);
                         });
   }
 };
@@ -44,6 +45,7 @@ AllSumReducePlan::AllSumReducePlan(const mpi::Partition& P_x, std::vector<int> a
   auto l = std::make_shared<detail::AllSumReduceLayer>();
   l->name = "AllSumReduce(P_x " + P_x.describe() + " over dimensions {" +
             list_string(Ranks(axes.begin(), axes.end())) + "})";
+  l->adjoint_name = l->name + " adjoint";
   l->P_x = P_x;
   l->team = P_x.create_allreduction_partition(axes);
   l->groups = detail::teams_along(P_x, axes);  // for the shape checks

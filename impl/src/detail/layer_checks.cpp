@@ -62,7 +62,8 @@ void check_same_shapes(const std::string& layer, const Partition& P_union,
     for (size_t i = 1; i < g.size(); ++i) {
       const Header& a = header_of(P_union, headers, g[0]);
       const Header& b = header_of(P_union, headers, g[i]);
-      if (a.shape() != b.shape())
+      // a.shape() != b.shape(), without building the two vectors per pair
+      if (a.ndim != b.ndim || !std::equal(a.dims, a.dims + a.ndim, b.dims))
         throw ShapeError(layer + ": workers " + std::to_string(g[0]) + " and " +
                          std::to_string(g[i]) + " of one " + group_kind +
                          " hold different shapes " + shape_text(a) + " and " + shape_text(b),
