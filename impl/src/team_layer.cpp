@@ -18,6 +18,7 @@ TeamLayer::TeamLayer(Kind k, const mpi::Partition& px, const mpi::Partition& py,
   name = std::string(k == Kind::Broadcast ? "Broadcast" : "SumReduce") + "(P_x " +
          px.describe() + (o.transpose_src ? " transposed" : "") + " -> P_y " + py.describe() +
          (o.transpose_dest ? " transposed" : "") + ")";
+  adjoint_name = name + " adjoint";
   auto sendrecv = k == Kind::Broadcast
                       ? px.create_broadcast_partition_to(py, o.transpose_src, o.transpose_dest)
                       : px.create_reduction_partition_to(py, o.transpose_src, o.transpose_dest);
@@ -101,15 +102,17 @@ at::Tensor TeamLayer::forward(const at::Tensor& x) const {
                                 : reduce_teams(P_recv, P_send, x, out_shape, out_options, name);
     if (!y.defined()) y = zero_volume_like(x, options.preserve_batch);
   }
+  // (with_adjoint returns y as it is when no node is attached: the
+  // adjoint's closure is only built when one is.)
+  if (!attach) return y;
   // The adjoint: the other direction over the same teams, into x's shape.
   const Shape x_shape = shape_of(x);
   const auto x_options = x.options().requires_grad(false);
   const bool broadcast = kind == Kind::Broadcast;
   const mpi::Partition send = P_send, recv = P_recv;
-  const std::string adjoint_name = name + " adjoint";
-  return with_adjoint(y, x, attach, name, [=](const at::Tensor& gy) {
-    at::Tensor gx = broadcast ? reduce_teams(send, recv, gy, x_shape, x_options, adjoint_name)
-                              : bcast_teams(recv, send, gy, x_shape, x_options, adjoint_name);
+  return with_adjoint(y, x, true, name, [=, what = adjoint_name](const at::Tensor& gy) {
+    at::Tensor gx = broadcast ? reduce_teams(send, recv, gy, x_shape, x_options, what)
+                              : bcast_teams(recv, send, gy, x_shape, x_options, what);
     return gx.defined() ? gx : at::zeros(x_shape, x_options);
   });
 }

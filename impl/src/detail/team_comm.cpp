@@ -126,6 +126,21 @@ int mpi_count(int64_t numel, const std::string& what) {
   return static_cast<int>(numel);
 }
 
+namespace {
+
+// at::empty of a dense CPU tensor without the dispatcher: at::empty's CPU
+// kernel calls the same at::detail::empty_cpu, and the dispatch around it
+// was about 30% of at::empty's samples in a 4 KiB forward (docs/benchmarks.md).
+// Any other options go through at::empty as before.
+at::Tensor fresh(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  if (options.device().is_cpu() && options.layout() == at::kStrided &&
+      !options.requires_grad() && !options.pinned_memory())
+    return at::detail::empty_cpu(sizes, options);
+  return at::empty(sizes, options);
+}
+
+}  // namespace
+
 at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
                        const at::Tensor& src, const Shape& out_shape,
                        const at::TensorOptions& out_options, const std::string& what) {
@@ -143,7 +158,7 @@ at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
   const bool self = member_team.active() && root_team.active() &&
                     member_team.comm() == root_team.comm();
   if (member_team.active() && !self) {
-    out = at::empty(out_shape, out_options);
+    out = fresh(out_shape, out_options);
     if (out.numel() > 0) {
       reqs.emplace_back();
       PARTITA_MPI_CHECK(MPI_Ibcast(out.data_ptr(), mpi_count(out.numel(), what),
@@ -173,7 +188,7 @@ at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team
   if (root_team.active()) {
     // A root that contributes to its own team sends from its input into a
     // fresh output; one that does not reduces in place into zeros.
-    out = self ? at::empty(out_shape, out_options) : at::zeros(out_shape, out_options);
+    out = self ? fresh(out_shape, out_options) : at::zeros(out_shape, out_options);
     if (out.numel() > 0) {
       reqs.emplace_back();
       PARTITA_MPI_CHECK(MPI_Ireduce(self ? send.data_ptr() : MPI_IN_PLACE, out.data_ptr(),
@@ -255,17 +270,6 @@ at::Tensor owned_contiguous(at::Tensor g) {
 namespace partita::mpi::detail {
 
 namespace {
-
-// at::empty of a dense CPU tensor without the dispatcher: at::empty's CPU
-// kernel calls the same at::detail::empty_cpu, and the dispatch around it
-// was about 30% of at::empty's samples in a 4 KiB forward (docs/benchmarks.md).
-// Any other options go through at::empty as before.
-at::Tensor fresh(at::IntArrayRef sizes, const at::TensorOptions& options) {
-  if (options.device().is_cpu() && options.layout() == at::kStrided &&
-      !options.requires_grad() && !options.pinned_memory())
-    return at::detail::empty_cpu(sizes, options);
-  return at::empty(sizes, options);
-}
 
 // The volumes of the dimensions before and after `dim`: a tensor seen as
 // [outer, length, inner].

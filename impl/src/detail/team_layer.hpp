@@ -21,6 +21,7 @@ struct TeamLayer {
 
   Kind kind;
   std::string name;  // "Broadcast(P_x ... -> P_y ...)" for messages
+  std::string adjoint_name;  // name + " adjoint", made once
   mpi::Partition P_x, P_y, P_union;
   mpi::Partition P_send, P_recv;  // where this rank's input goes, where its output comes from
   std::vector<mpi::Team> teams;
