@@ -144,60 +144,65 @@ at::Tensor fresh(at::IntArrayRef sizes, const at::TensorOptions& options) {
 at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
                        const at::Tensor& src, const Shape& out_shape,
                        const at::TensorOptions& out_options, const std::string& what) {
-  std::vector<MPI_Request> reqs;
+  MPI_Request reqs[2];
+  int n = 0;
   at::Tensor send, out;
   if (root_team.active()) {
     send = src.contiguous();
-    if (send.numel() > 0) {
-      reqs.emplace_back();
+    if (send.numel() > 0)
       PARTITA_MPI_CHECK(MPI_Ibcast(send.data_ptr(), mpi_count(send.numel(), what),
                                    mpi_datatype(send.scalar_type()), 0, root_team.comm(),
-                                   &reqs.back()));
-    }
+                                   &reqs[n++]));
   }
   const bool self = member_team.active() && root_team.active() &&
                     member_team.comm() == root_team.comm();
   if (member_team.active() && !self) {
     out = fresh(out_shape, out_options);
-    if (out.numel() > 0) {
-      reqs.emplace_back();
+    if (out.numel() > 0)
       PARTITA_MPI_CHECK(MPI_Ibcast(out.data_ptr(), mpi_count(out.numel(), what),
                                    mpi_datatype(out.scalar_type()), 0, member_team.comm(),
-                                   &reqs.back()));
+                                   &reqs[n++]));
+  }
+  if (self) {
+    // The root is its own receiver: its output is a copy, not its input.
+    // One memcpy of the contiguous input when the output has its shape and
+    // dtype (always, for the layers), else a clone.
+    if (send.scalar_type() == out_options.dtype().toScalarType() &&
+        send.sizes().equals(out_shape)) {
+      out = fresh(out_shape, out_options);
+      if (send.numel() > 0) std::memcpy(out.data_ptr(), send.data_ptr(), send.nbytes());
+    } else {
+      out = src.clone();
     }
   }
-  if (self) out = src.clone();  // the root is its own receiver: not in place
-  wait_all(reqs, what.c_str());
+  wait_all(n, reqs, what.c_str());
   return out;
 }
 
 at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team,
                         const at::Tensor& contrib, const Shape& out_shape,
                         const at::TensorOptions& out_options, const std::string& what) {
-  std::vector<MPI_Request> reqs;
+  MPI_Request reqs[2];
+  int n = 0;
   const bool self = member_team.active() && root_team.active() &&
                     member_team.comm() == root_team.comm();
   at::Tensor send, out;
   if (member_team.active()) send = contrib.contiguous();
-  if (member_team.active() && !self && send.numel() > 0) {
-    reqs.emplace_back();
+  if (member_team.active() && !self && send.numel() > 0)
     PARTITA_MPI_CHECK(MPI_Ireduce(send.data_ptr(), nullptr, mpi_count(send.numel(), what),
                                   mpi_datatype(send.scalar_type()), mpi_sum(send.scalar_type()),
-                                  0, member_team.comm(), &reqs.back()));
-  }
+                                  0, member_team.comm(), &reqs[n++]));
   if (root_team.active()) {
     // A root that contributes to its own team sends from its input into a
     // fresh output; one that does not reduces in place into zeros.
     out = self ? fresh(out_shape, out_options) : at::zeros(out_shape, out_options);
-    if (out.numel() > 0) {
-      reqs.emplace_back();
+    if (out.numel() > 0)
       PARTITA_MPI_CHECK(MPI_Ireduce(self ? send.data_ptr() : MPI_IN_PLACE, out.data_ptr(),
                                     mpi_count(out.numel(), what), mpi_datatype(out.scalar_type()),
                                     mpi_sum(out.scalar_type()), 0, root_team.comm(),
-                                    &reqs.back()));
-    }
+                                    &reqs[n++]));
   }
-  wait_all(reqs, what.c_str());
+  wait_all(n, reqs, what.c_str());
   return out;
 }
 
