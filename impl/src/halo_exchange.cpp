@@ -43,7 +43,7 @@ struct HaloPlan {
 };
 
 struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
-  std::string name;
+  std::string name, adjoint_name;
   mpi::Partition P_x;
   Shape left, right;
   PlanCache<HaloPlan> plans;
@@ -209,11 +209,10 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
   // reference to a contiguous gradient, otherwise on a copy.
   Adjoint adjoint(const std::shared_ptr<const HaloPlan>& p) const {
     auto self = shared_from_this();
-    const std::string adjoint_name = name + " adjoint";
-    return [self, p, adjoint_name](at::Tensor gy) {
+    return [self, p](at::Tensor gy) {
       at::Tensor g = owned_contiguous(std::move(gy));
       for (auto s = p->steps.rbegin(); s != p->steps.rend(); ++s)
-        self->step(*s, g, true, adjoint_name);
+        self->step(*s, g, true, self->adjoint_name);
       return g;
     };
   }
@@ -224,10 +223,12 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     at::Tensor y;
     {
       at::NoGradGuard no_grad;
-      y = x.detach().clone(at::MemoryFormat::Contiguous);
+      y = contiguous_copy(x);
       for (const auto& s : p->steps) step(s, y, false, name);
     }
-    return with_adjoint(y, x, p->attach, name, adjoint(p));
+    // The adjoint's closure is only built when a node is attached.
+    if (!p->attach) return y;
+    return with_adjoint(y, x, true, name, adjoint(p));
   }
 
   // DistDL's form: the ghosts of `x` itself are filled, and `x` (its
@@ -266,6 +267,7 @@ HaloExchangePlan::HaloExchangePlan(const mpi::Partition& P_x, Shape left, Shape 
   auto l = std::make_shared<detail::HaloLayer>();
   l->name = "HaloExchange(P_x " + P_x.describe() + ", left [" + list_string(left) + "], right [" +
             list_string(right) + "])";
+  l->adjoint_name = l->name + " adjoint";
   l->P_x = P_x;
   l->left = std::move(left);
   l->right = std::move(right);

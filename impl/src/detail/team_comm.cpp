@@ -141,6 +141,16 @@ at::Tensor fresh(at::IntArrayRef sizes, const at::TensorOptions& options) {
 
 }  // namespace
 
+at::Tensor contiguous_copy(const at::Tensor& x) {
+  if (x.is_contiguous() && x.device().is_cpu() && x.layout() == at::kStrided && !x.is_conj() &&
+      !x.is_neg()) {
+    at::Tensor out = fresh(x.sizes(), x.options().requires_grad(false));
+    if (x.numel() > 0) std::memcpy(out.data_ptr(), x.data_ptr(), x.nbytes());
+    return out;
+  }
+  return x.detach().clone(at::MemoryFormat::Contiguous);
+}
+
 at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
                        const at::Tensor& src, const Shape& out_shape,
                        const at::TensorOptions& out_options, const std::string& what) {
@@ -167,13 +177,10 @@ at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
     // The root is its own receiver: its output is a copy, not its input.
     // One memcpy of the contiguous input when the output has its shape and
     // dtype (always, for the layers), else a clone.
-    if (send.scalar_type() == out_options.dtype().toScalarType() &&
-        send.sizes().equals(out_shape)) {
-      out = fresh(out_shape, out_options);
-      if (send.numel() > 0) std::memcpy(out.data_ptr(), send.data_ptr(), send.nbytes());
-    } else {
-      out = src.clone();
-    }
+    out = send.scalar_type() == out_options.dtype().toScalarType() &&
+                  send.sizes().equals(out_shape)
+              ? contiguous_copy(send)
+              : src.clone();
   }
   wait_all(n, reqs, what.c_str());
   return out;

@@ -59,6 +59,12 @@ void ialltoall_blocks(bool uniform, const void* send, const std::vector<int>& sc
 MPI_Op mpi_sum(at::ScalarType t);
 int mpi_count(int64_t numel, const std::string& what);
 
+// A contiguous copy of x without history. A dense CPU tensor that is
+// already contiguous is copied by one memcpy into storage allocated without
+// the dispatcher (clone's dispatch and TensorIterator were about a quarter of
+// the halo's 4 KiB forward, docs/benchmarks.md); anything else is cloned.
+at::Tensor contiguous_copy(const at::Tensor& x);
+
 // Data flows from the root (rank 0) of each team to its members.
 // `root_team`: the team this rank is the root of (or null); `member_team`:
 // the team it receives in (or null; may equal root_team, then the rank copies
