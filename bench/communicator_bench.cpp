@@ -13,7 +13,8 @@
 // float32 tensor each rank passes. Floors under these rows:
 // mpi_nonblocking_* time MPICH's non-blocking collectives (which every call
 // posts) against the blocking ones (which the twins call),
-// mpi_exchange_then_alltoall the communicator's alltoall in MPI calls alone,
+// mpi_exchange_then_alltoall{,_fresh} the communicator's alltoall in MPI calls
+// alone (into a fixed or a new receive buffer),
 // mpi_exchange_{with,then}_allreduce the header agreement posted with, or
 // before, the data collective,
 // mpi_ring_fresh_recv the ring's, and
@@ -248,8 +249,10 @@ void mpi_nonblocking_alltoall(benchmark::State& s) {
 // The communicator's alltoall in MPI calls alone: the exchange of every
 // rank's 15-word record (MPI_Iallgather) and then MPI_Ialltoall, each
 // finished by mpi::wait, beside MPI_Alltoall: how much of comm_alltoall_fwd's
-// overhead is MPI's, with no LibTorch and none of partita's code.
-void mpi_exchange_then_alltoall(benchmark::State& s) {
+// overhead is MPI's, with no LibTorch and none of partita's code. `fresh`:
+// into a new at::empty receive buffer per call, as the communicator's
+// output is (mpi_exchange_then_alltoall_fresh), else into a fixed one.
+void exchange_then_alltoall(benchmark::State& s, bool fresh) {
   const int p = world_size();
   const int piece = static_cast<int>(floats(s) / p);
   at::Tensor send = data(floats(s)), recv = data(floats(s));
@@ -260,15 +263,19 @@ void mpi_exchange_then_alltoall(benchmark::State& s) {
            MPI_Iallgather(mine.data(), 15, MPI_INT64_T, all.data(), 15, MPI_INT64_T, world_comm(),
                           &req);
            partita::mpi::wait(req, "bench");
-           MPI_Ialltoall(send.data_ptr(), piece, MPI_FLOAT, recv.data_ptr(), piece, MPI_FLOAT,
+           at::Tensor r = fresh ? at::empty({floats(s)}) : recv;
+           MPI_Ialltoall(send.data_ptr(), piece, MPI_FLOAT, r.data_ptr(), piece, MPI_FLOAT,
                          world_comm(), &req);
            partita::mpi::wait(req, "bench");
+           benchmark::DoNotOptimize(r);
          },
          [&] {
            MPI_Alltoall(send.data_ptr(), piece, MPI_FLOAT, recv.data_ptr(), piece, MPI_FLOAT,
                         world_comm());
          });
 }
+void mpi_exchange_then_alltoall(benchmark::State& s) { exchange_then_alltoall(s, false); }
+void mpi_exchange_then_alltoall_fresh(benchmark::State& s) { exchange_then_alltoall(s, true); }
 
 // The floor of overlapping a layer's header agreement with its data
 // collective (issue 15, item 4): the 15-word header MPI_Iallgather and an
@@ -359,6 +366,7 @@ BENCHMARK(mpi_nonblocking_bcast)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_reduce)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_alltoall)->Apply(sizes);
 BENCHMARK(mpi_exchange_then_alltoall)->Apply(sizes);
+BENCHMARK(mpi_exchange_then_alltoall_fresh)->Apply(sizes);
 BENCHMARK(mpi_exchange_with_allreduce)->Apply(sizes);
 BENCHMARK(mpi_exchange_then_allreduce)->Apply(sizes);
 BENCHMARK(mpi_exchange_with_vs_then_allreduce)->Apply(sizes);
@@ -383,6 +391,7 @@ const std::map<std::string, std::string>& communicator_twins() {
       {"mpi_nonblocking_reduce", "MPI_Reduce"},
       {"mpi_nonblocking_alltoall", "MPI_Alltoall"},
       {"mpi_exchange_then_alltoall", "MPI_Alltoall"},
+      {"mpi_exchange_then_alltoall_fresh", "MPI_Alltoall"},
       {"mpi_exchange_with_allreduce", "MPI_Allreduce"},
       {"mpi_exchange_then_allreduce", "MPI_Allreduce"},
       {"mpi_exchange_with_vs_then_allreduce", "MPI_Iallgather, wait, MPI_Iallreduce, wait"},

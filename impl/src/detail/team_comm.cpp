@@ -569,9 +569,9 @@ at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
   // (The total is not an MPI count: checking it would raise on the one rank
   // whose receipts add up to more than an int while the others post.)
   if (gather_dim != scatter_dim) out_sizes[gather_dim] = total(gextents);
-  at::Tensor recv = at::empty({rtotal}, c.options());
+  at::Tensor recv = blocks_buffer(out_sizes, gather_dim, rtotal, c.options());
   if (p == 1) {
-    recv.copy_(send.view({-1}).narrow(0, sdispls[0], scounts[0]));
+    recv.view({-1}).copy_(send.view({-1}).narrow(0, sdispls[0], scounts[0]));
   } else {
     MPI_Request req;
     // Equal blocks everywhere: every member sends every other the same
