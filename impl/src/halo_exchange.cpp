@@ -252,7 +252,8 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
         x.detach().copy_(t);
       }
     }
-    return with_adjoint_in_place(x, p->attach, name, adjoint(p));
+    // (The adjoint's closure is only built when a node is attached.)
+    return with_adjoint_in_place(x, p->attach, name, p->attach ? adjoint(p) : Adjoint());
   }
 };
 
