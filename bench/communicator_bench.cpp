@@ -14,7 +14,8 @@
 // mpi_nonblocking_* time MPICH's non-blocking collectives (which every call
 // posts) against the blocking ones (which the twins call),
 // mpi_exchange_then_alltoall{,_fresh} the communicator's alltoall in MPI calls
-// alone (into a fixed or a new receive buffer),
+// alone (into a fixed or a new receive buffer), mpi_exchange_then_bcast
+// bcast_'s,
 // mpi_exchange_{with,then}_allreduce the header agreement posted with, or
 // before, the data collective,
 // mpi_ring_fresh_recv the ring's, and
@@ -252,17 +253,25 @@ void mpi_nonblocking_alltoall(benchmark::State& s) {
 // overhead is MPI's, with no LibTorch and none of partita's code. `fresh`:
 // into a new at::empty receive buffer per call, as the communicator's
 // output is (mpi_exchange_then_alltoall_fresh), else into a fixed one.
+// The communicator's record exchange: one MPI_Iallgather of 15 words.
+struct RawRecords {
+  std::vector<int64_t> mine = std::vector<int64_t>(15, 1), all;
+  RawRecords() : all(15 * world_size()) {}
+  void exchange() {
+    MPI_Request req;
+    MPI_Iallgather(mine.data(), 15, MPI_INT64_T, all.data(), 15, MPI_INT64_T, world_comm(), &req);
+    partita::mpi::wait(req, "bench");
+  }
+};
 void exchange_then_alltoall(benchmark::State& s, bool fresh) {
   const int p = world_size();
   const int piece = static_cast<int>(floats(s) / p);
   at::Tensor send = data(floats(s)), recv = data(floats(s));
-  std::vector<int64_t> mine(15, 1), all(15 * p);
+  RawRecords records;
   paired(s, s.range(0),
          [&] {
+           records.exchange();
            MPI_Request req;
-           MPI_Iallgather(mine.data(), 15, MPI_INT64_T, all.data(), 15, MPI_INT64_T, world_comm(),
-                          &req);
-           partita::mpi::wait(req, "bench");
            at::Tensor r = fresh ? at::empty({floats(s)}) : recv;
            MPI_Ialltoall(send.data_ptr(), piece, MPI_FLOAT, r.data_ptr(), piece, MPI_FLOAT,
                          world_comm(), &req);
@@ -276,6 +285,20 @@ void exchange_then_alltoall(benchmark::State& s, bool fresh) {
 }
 void mpi_exchange_then_alltoall(benchmark::State& s) { exchange_then_alltoall(s, false); }
 void mpi_exchange_then_alltoall_fresh(benchmark::State& s) { exchange_then_alltoall(s, true); }
+// bcast_ in MPI calls alone: the record exchange, then MPI_Ibcast in place,
+// each finished by mpi::wait, beside MPI_Bcast.
+void mpi_exchange_then_bcast(benchmark::State& s) {
+  at::Tensor buf = data(floats(s)), twin = data(floats(s));
+  RawRecords records;
+  paired(s, s.range(0),
+         [&] {
+           records.exchange();
+           MPI_Request req;
+           MPI_Ibcast(buf.data_ptr(), n_of(buf), MPI_FLOAT, 0, world_comm(), &req);
+           partita::mpi::wait(req, "bench");
+         },
+         [&] { MPI_Bcast(twin.data_ptr(), n_of(twin), MPI_FLOAT, 0, world_comm()); });
+}
 
 // The floor of overlapping a layer's header agreement with its data
 // collective (issue 15, item 4): the 15-word header MPI_Iallgather and an
@@ -367,6 +390,7 @@ BENCHMARK(mpi_nonblocking_reduce)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_alltoall)->Apply(sizes);
 BENCHMARK(mpi_exchange_then_alltoall)->Apply(sizes);
 BENCHMARK(mpi_exchange_then_alltoall_fresh)->Apply(sizes);
+BENCHMARK(mpi_exchange_then_bcast)->Apply(sizes);
 BENCHMARK(mpi_exchange_with_allreduce)->Apply(sizes);
 BENCHMARK(mpi_exchange_then_allreduce)->Apply(sizes);
 BENCHMARK(mpi_exchange_with_vs_then_allreduce)->Apply(sizes);
@@ -392,6 +416,7 @@ const std::map<std::string, std::string>& communicator_twins() {
       {"mpi_nonblocking_alltoall", "MPI_Alltoall"},
       {"mpi_exchange_then_alltoall", "MPI_Alltoall"},
       {"mpi_exchange_then_alltoall_fresh", "MPI_Alltoall"},
+      {"mpi_exchange_then_bcast", "MPI_Bcast"},
       {"mpi_exchange_with_allreduce", "MPI_Allreduce"},
       {"mpi_exchange_then_allreduce", "MPI_Allreduce"},
       {"mpi_exchange_with_vs_then_allreduce", "MPI_Iallgather, wait, MPI_Iallreduce, wait"},
