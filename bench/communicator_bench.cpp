@@ -262,6 +262,14 @@ struct RawRecords {
     MPI_Iallgather(mine.data(), 15, MPI_INT64_T, all.data(), 15, MPI_INT64_T, world_comm(), &req);
     partita::mpi::wait(req, "bench");
   }
+  // The exchange, then the collective `post` posts, finished by mpi::wait.
+  template <typename Post>
+  void then(Post&& post) {
+    exchange();
+    MPI_Request req;
+    post(&req);
+    partita::mpi::wait(req, "bench");
+  }
 };
 void exchange_then_alltoall(benchmark::State& s, bool fresh) {
   const int p = world_size();
@@ -270,12 +278,11 @@ void exchange_then_alltoall(benchmark::State& s, bool fresh) {
   RawRecords records;
   paired(s, s.range(0),
          [&] {
-           records.exchange();
-           MPI_Request req;
            at::Tensor r = fresh ? at::empty({floats(s)}) : recv;
-           MPI_Ialltoall(send.data_ptr(), piece, MPI_FLOAT, r.data_ptr(), piece, MPI_FLOAT,
-                         world_comm(), &req);
-           partita::mpi::wait(req, "bench");
+           records.then([&](MPI_Request* req) {
+             MPI_Ialltoall(send.data_ptr(), piece, MPI_FLOAT, r.data_ptr(), piece, MPI_FLOAT,
+                           world_comm(), req);
+           });
            benchmark::DoNotOptimize(r);
          },
          [&] {
@@ -292,10 +299,9 @@ void mpi_exchange_then_bcast(benchmark::State& s) {
   RawRecords records;
   paired(s, s.range(0),
          [&] {
-           records.exchange();
-           MPI_Request req;
-           MPI_Ibcast(buf.data_ptr(), n_of(buf), MPI_FLOAT, 0, world_comm(), &req);
-           partita::mpi::wait(req, "bench");
+           records.then([&](MPI_Request* req) {
+             MPI_Ibcast(buf.data_ptr(), n_of(buf), MPI_FLOAT, 0, world_comm(), req);
+           });
          },
          [&] { MPI_Bcast(twin.data_ptr(), n_of(twin), MPI_FLOAT, 0, world_comm()); });
 }
