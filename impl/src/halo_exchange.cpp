@@ -27,12 +27,16 @@ struct Step {
   int lo = -1, hi = -1;             // neighbours' ranks in P_x (-1: boundary)
   int tag_down = 0, tag_up = 0;     // messages travelling to lo / to hi
   Box ghost_lo, ghost_hi, for_lo, for_hi;
-  // The subarray datatypes of the four boxes in this rank's window, made
-  // once per plan; null where the box is empty or has no partner.
-  std::shared_ptr<const BoxType> t_ghost_lo, t_ghost_hi, t_for_lo, t_for_hi;
+  // How each of the four boxes of this rank's window travels (box_view.hpp:
+  // a contiguous run in place, a strided box packed), planned once; nothing
+  // travels where the box is empty or has no partner.
+  BoxRoute r_ghost_lo, r_ghost_hi, r_for_lo, r_for_hi;
   // The adjoint's work on the window, planned once: zero each ghost box,
   // add each arrived gradient (a buffer of the box's shape) into its bulk box.
   BoxCopy zero_ghost_lo, zero_ghost_hi, add_for_lo, add_for_hi;
+  // Staging bytes per call: the forward's strided boxes; the adjoint's
+  // arrivals (always landed, since they are added) and strided ghosts.
+  int64_t forward_staged = 0, adjoint_staged = 0;
 };
 
 // Everything a call needs once the headers are known (plans made once,
@@ -61,7 +65,7 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     const Index me = unravel(P_x.rank(), grid);
     const Shape bulk = t.length(me);
     const Shape window = headers[static_cast<size_t>(P_x.rank())].shape();
-    const MPI_Datatype element = mpi_datatype(headers[0].scalar_type());
+    const int64_t elsize = static_cast<int64_t>(c10::elementSize(headers[0].scalar_type()));
     std::vector<Step> steps;
     for (size_t k = 0; k < d; ++k) {
       const int64_t l = left[k], r = right[k], b = bulk[k];
@@ -99,19 +103,22 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
       // Both partners see the same box extents (one slab, one boundary
       // status), so an empty box (a width or an extent of zero) is skipped
       // on both sides.
-      auto type = [&](int partner, const Box& box) -> std::shared_ptr<const BoxType> {
-        if (partner < 0 || box.size() == 0) return nullptr;
-        return std::make_shared<const BoxType>(window, box, element, name);
+      auto route = [&](int partner, const Box& box) {
+        return partner < 0 ? BoxRoute{} : box_route(window, box, elsize);
       };
-      s.t_ghost_lo = type(s.lo, s.ghost_lo);
-      s.t_ghost_hi = type(s.hi, s.ghost_hi);
-      s.t_for_lo = type(s.lo, s.for_lo);
-      s.t_for_hi = type(s.hi, s.for_hi);
-      const int64_t elsize = static_cast<int64_t>(c10::elementSize(headers[0].scalar_type()));
-      if (s.t_ghost_lo) s.zero_ghost_lo = box_unpack(window, s.ghost_lo, elsize);
-      if (s.t_ghost_hi) s.zero_ghost_hi = box_unpack(window, s.ghost_hi, elsize);
-      if (s.t_for_lo) s.add_for_lo = box_unpack(window, s.for_lo, elsize);
-      if (s.t_for_hi) s.add_for_hi = box_unpack(window, s.for_hi, elsize);
+      s.r_ghost_lo = route(s.lo, s.ghost_lo);
+      s.r_ghost_hi = route(s.hi, s.ghost_hi);
+      s.r_for_lo = route(s.lo, s.for_lo);
+      s.r_for_hi = route(s.hi, s.for_hi);
+      if (s.r_ghost_lo.elements) s.zero_ghost_lo = box_unpack(window, s.ghost_lo, elsize);
+      if (s.r_ghost_hi.elements) s.zero_ghost_hi = box_unpack(window, s.ghost_hi, elsize);
+      if (s.r_for_lo.elements) s.add_for_lo = box_unpack(window, s.for_lo, elsize);
+      if (s.r_for_hi.elements) s.add_for_hi = box_unpack(window, s.for_hi, elsize);
+      auto strided = [&](const BoxRoute& r) { return r.strided() ? r.elements * elsize : 0; };
+      s.forward_staged = strided(s.r_ghost_lo) + strided(s.r_ghost_hi) + strided(s.r_for_lo) +
+                         strided(s.r_for_hi);
+      s.adjoint_staged = (s.r_for_lo.elements + s.r_for_hi.elements) * elsize +
+                         strided(s.r_ghost_lo) + strided(s.r_ghost_hi);
       steps.push_back(std::move(s));
     }
     return steps;
@@ -139,55 +146,67 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
 
   // One step of the forward (fill the ghosts) or of the adjoint (send the
   // ghosts' gradients back, add them into the bulk, zero the ghosts), on `t`
-  // (contiguous, of the window's shape) in place. Messages address its
-  // boxes through the plan's subarray datatypes, so nothing is packed; only
-  // the adjoint's arrivals land in a buffer, since they are added rather
-  // than stored.
+  // (contiguous, of the window's shape, the plan's dtype) in place. Each box
+  // travels as its route says; the adjoint's arrivals always land in a
+  // buffer, since they are added rather than stored.
   void step(const Step& s, at::Tensor& t, bool adjoint, const std::string& what) const {
     const MPI_Datatype element = mpi_datatype(t.scalar_type());
+    const int64_t elsize = static_cast<int64_t>(t.element_size());
+    char* const data = static_cast<char*>(t.data_ptr());
+    Staging staging(adjoint ? s.adjoint_staged : s.forward_staged);
+    char* next = staging.data;
     MPI_Request reqs[4];
     int n = 0;
-    at::Tensor landing[2];
-    const BoxCopy* landed[2] = {nullptr, nullptr};
-    auto post_recv = [&](int from, int tag, const Box& box, const BoxType* type,
-                         const BoxCopy& add) {
-      if (!type) return;
-      if (adjoint) {
-        const int i = landed[0] ? 1 : 0;
-        landing[i] = at::empty(box.len, t.options());
-        landed[i] = &add;
-        PARTITA_MPI_CHECK(MPI_Irecv(landing[i].data_ptr(), mpi_count(box.size(), what), element,
-                                    from, tag, P_x.comm(), &reqs[n++]));
-      } else {
-        PARTITA_MPI_CHECK(MPI_Irecv(t.data_ptr(), 1, type->get(), from, tag, P_x.comm(), &reqs[n++]));
+    // What arrived in the staging buffer: forward, a strided ghost to
+    // unpack; adjoint, a gradient to add into its bulk box.
+    std::pair<const char*, const BoxCopy*> landed[2];
+    int n_landed = 0;
+    auto post_recv = [&](int from, int tag, const BoxRoute& r, const BoxCopy& add) {
+      if (!r.elements) return;
+      char* at = data + r.offset * elsize;
+      if (adjoint || r.strided()) {
+        at = next;
+        next += r.elements * elsize;
+        landed[n_landed++] = {at, adjoint ? &add : &r.unpack};
       }
+      PARTITA_MPI_CHECK(MPI_Irecv(at, mpi_count(r.elements, what), element, from, tag,
+                                  P_x.comm(), &reqs[n++]));
     };
-    auto post_send = [&](int to, int tag, const BoxType* type) {
-      if (!type) return;
-      PARTITA_MPI_CHECK(MPI_Isend(t.data_ptr(), 1, type->get(), to, tag, P_x.comm(), &reqs[n++]));
+    auto post_send = [&](int to, int tag, const BoxRoute& r) {
+      if (!r.elements) return;
+      char* at = data + r.offset * elsize;
+      if (r.strided()) {
+        at = next;
+        next += r.elements * elsize;
+        r.pack(data, at);
+      }
+      PARTITA_MPI_CHECK(MPI_Isend(at, mpi_count(r.elements, what), element, to, tag, P_x.comm(),
+                                  &reqs[n++]));
     };
     // Forward: bulk travels out, ghosts land. Adjoint: ghosts travel back
     // and are added into the bulk they came from.
     if (!adjoint) {
-      post_recv(s.lo, s.tag_up, s.ghost_lo, s.t_ghost_lo.get(), s.add_for_lo);
-      post_recv(s.hi, s.tag_down, s.ghost_hi, s.t_ghost_hi.get(), s.add_for_hi);
-      post_send(s.lo, s.tag_down, s.t_for_lo.get());
-      post_send(s.hi, s.tag_up, s.t_for_hi.get());
+      post_recv(s.lo, s.tag_up, s.r_ghost_lo, s.add_for_lo);
+      post_recv(s.hi, s.tag_down, s.r_ghost_hi, s.add_for_hi);
+      post_send(s.lo, s.tag_down, s.r_for_lo);
+      post_send(s.hi, s.tag_up, s.r_for_hi);
     } else {
-      post_recv(s.lo, s.tag_up, s.for_lo, s.t_for_lo.get(), s.add_for_lo);
-      post_recv(s.hi, s.tag_down, s.for_hi, s.t_for_hi.get(), s.add_for_hi);
-      post_send(s.lo, s.tag_down, s.t_ghost_lo.get());
-      post_send(s.hi, s.tag_up, s.t_ghost_hi.get());
+      post_recv(s.lo, s.tag_up, s.r_for_lo, s.add_for_lo);
+      post_recv(s.hi, s.tag_down, s.r_for_hi, s.add_for_hi);
+      post_send(s.lo, s.tag_down, s.r_ghost_lo);
+      post_send(s.hi, s.tag_up, s.r_ghost_hi);
     }
     mpi::wait_all(n, reqs, what.c_str());
-    if (!adjoint) return;
+    if (!adjoint) {
+      for (int i = 0; i < n_landed; ++i) (*landed[i].second)(landed[i].first, data);
+      return;
+    }
     // The ghosts' gradients went back: zero them, then add what arrived
-    // into the bulk boxes it belongs to (t is contiguous, of the window's
-    // shape, the plan's dtype).
-    if (s.t_ghost_lo) box_zero(s.zero_ghost_lo, t.data_ptr());
-    if (s.t_ghost_hi) box_zero(s.zero_ghost_hi, t.data_ptr());
-    for (int i = 0; i < 2; ++i)
-      if (landed[i]) box_add(*landed[i], landing[i].data_ptr(), t.data_ptr(), t.scalar_type());
+    // into the bulk boxes it belongs to.
+    if (s.r_ghost_lo.elements) box_zero(s.zero_ghost_lo, data);
+    if (s.r_ghost_hi.elements) box_zero(s.zero_ghost_hi, data);
+    for (int i = 0; i < n_landed; ++i)
+      box_add(*landed[i].second, landed[i].first, data, t.scalar_type());
   }
 
   // The headers of this call and the plan made from them (made, checked and

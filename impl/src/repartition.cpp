@@ -62,32 +62,21 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
     return c;
   }
 
-  // How one piece travels, fixed once per plan. Point-to-point: a
-  // contiguous run of its tensor goes as plain elements at its offset
-  // (MPI's single-copy path); a strided piece is packed into (or received
-  // into and unpacked from) a contiguous buffer by partita's own memcpy
-  // loops, as a hand-written exchange does. MPICH moves a large strided
-  // datatype through its two-copy path (1.4x slower than packing at 16 MiB),
-  // and at 4 KiB its datatype engine plus a torch view and copy for the
-  // rank's own piece were most of the call (docs/benchmarks.md). Alltoallw:
-  // every piece is addressed by a subarray datatype.
-  struct Piece {
+  // How one piece travels, fixed once per plan. Point-to-point: as its
+  // BoxRoute says (a contiguous run at its offset, or packed by partita's
+  // own memcpy loops; at 4 KiB MPICH's datatype engine plus a torch view and
+  // copy for the rank's own piece were most of the call, docs/benchmarks.md).
+  // Alltoallw: every piece is addressed by a subarray datatype.
+  struct Piece : BoxRoute {
     std::shared_ptr<const BoxType> type;  // alltoallw only
-    int64_t offset = -1;                  // >= 0: a contiguous run at this offset
-    BoxCopy pack, unpack;                 // a strided piece (offset < 0): to and from its buffer
   };
   static Piece piece(const Shape& full, const Box& box, MPI_Datatype element, int64_t elsize,
                      bool alltoallw, const std::string& what) {
     Piece p;
-    if (alltoallw) {
+    if (alltoallw)
       p.type = std::make_shared<const BoxType>(full, box, element, what);
-    } else if (box.size() > 0) {
-      p.offset = contiguous_offset(full, box);
-      if (p.offset < 0) {
-        p.pack = box_pack(full, box, elsize);
-        p.unpack = box_unpack(full, box, elsize);
-      }
-    }
+    else
+      static_cast<BoxRoute&>(p) = box_route(full, box, elsize);
     return p;
   }
   using Pieces = std::vector<Piece>;
@@ -103,24 +92,6 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
     const Pieces* rp = nullptr;
     const BoxCopy* self = nullptr;  // the own piece, source box to destination box
     int64_t packed_bytes = 0, landing_bytes = 0;  // strided sends / receives, in all
-  };
-
-  // A staging buffer of `bytes`: plain heap memory when small, a tensor
-  // (the buffer cache's, when it is on) when large.
-  struct Staging {
-    std::unique_ptr<char[]> small;
-    at::Tensor large;
-    char* data = nullptr;
-    explicit Staging(int64_t bytes) {
-      if (bytes <= 0) return;
-      if (bytes < (64 << 10)) {
-        small.reset(new char[static_cast<size_t>(bytes)]);
-        data = small.get();
-      } else {
-        large = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
-        data = static_cast<char*>(large.data_ptr());
-      }
-    }
   };
 
   void exchange(const Direction& dir, const at::Tensor& src, at::Tensor& dst,
@@ -163,7 +134,7 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
       if (recvs[i].partner == me || n == 0) continue;
       const int from = union_rank.at(recvs[i].partner);
       char* at = dst_data + rp[i].offset * elsize;
-      if (rp[i].offset < 0) {
+      if (rp[i].strided()) {
         at = next;
         next += n * elsize;
         landed.emplace_back(i, at);
@@ -178,7 +149,7 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
       if (sends[i].partner == me || n == 0) continue;
       const int to = union_rank.at(sends[i].partner);
       char* at = src_data + sp[i].offset * elsize;
-      if (sp[i].offset < 0) {
+      if (sp[i].strided()) {
         at = next;
         next += n * elsize;
         sp[i].pack(src_data, at);
@@ -243,7 +214,7 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
       c->send_pieces.push_back(s.partner != me || all
                                    ? piece(c->x_shape, s.slice, element, elsize, all, name)
                                    : Piece{});
-      if (s.partner != me && c->send_pieces.back().offset < 0)
+      if (s.partner != me && c->send_pieces.back().strided())
         c->strided_send_bytes += s.slice.size() * elsize;
     }
     for (const auto& r : c->p.recvs) {
@@ -251,7 +222,7 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
       c->recv_pieces.push_back(r.partner != me || all
                                    ? piece(y_shape, r.slice, element, elsize, all, name)
                                    : Piece{});
-      if (r.partner != me && c->recv_pieces.back().offset < 0)
+      if (r.partner != me && c->recv_pieces.back().strided())
         c->strided_recv_bytes += r.slice.size() * elsize;
     }
     if (self_send && self_recv && self_send->size() > 0) {

@@ -60,6 +60,29 @@ BoxCopy box_unpack(const Shape& full, const Box& box, int64_t elsize) {
   return box_copy(box.len, Box{Shape(box.len.size(), 0), box.len}, full, box, elsize);
 }
 
+BoxRoute box_route(const Shape& full, const Box& box, int64_t elsize) {
+  BoxRoute r;
+  r.elements = box.size();
+  if (r.elements <= 0) return r;
+  r.offset = contiguous_offset(full, box);
+  if (r.offset < 0) {
+    r.pack = box_pack(full, box, elsize);
+    r.unpack = box_unpack(full, box, elsize);
+  }
+  return r;
+}
+
+Staging::Staging(int64_t bytes) {
+  if (bytes <= 0) return;
+  if (bytes < (64 << 10)) {
+    small.reset(new char[static_cast<size_t>(bytes)]);
+    data = small.get();
+  } else {
+    large = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+    data = static_cast<char*>(large.data_ptr());
+  }
+}
+
 namespace {
 template <typename Run>
 void run_loops(const BoxCopy& c, size_t level, const char* src, char* dst, const Run& f) {

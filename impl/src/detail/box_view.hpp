@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,32 @@ BoxCopy box_copy(const Shape& src_full, const Box& src_box, const Shape& dst_ful
 // Packing a box into a contiguous buffer of its own shape, and back.
 BoxCopy box_pack(const Shape& full, const Box& box, int64_t elsize);
 BoxCopy box_unpack(const Shape& full, const Box& box, int64_t elsize);
+
+// How a box travels point to point, fixed once per plan (repartition's
+// pieces, the halo exchange's boxes). A contiguous run of its tensor goes as
+// plain elements at its offset, which MPICH moves by its single-copy path; a
+// strided box is packed into (or received into and unpacked from) a
+// contiguous buffer by the memcpy loops above, as a hand-written exchange
+// does. A subarray datatype cost MPICH time that grew with the message even
+// when the box it addressed was one contiguous run: the halo's row slabs at
+// 256 KiB took 1.8x the hand-written exchange that way, 0.64x as plain
+// runs (docs/benchmarks.md).
+struct BoxRoute {
+  int64_t elements = 0;  // the box's volume (0: nothing travels)
+  int64_t offset = -1;   // >= 0: a contiguous run at this element offset
+  BoxCopy pack, unpack;  // a strided box (offset < 0): to and from its buffer
+  bool strided() const { return elements > 0 && offset < 0; }
+};
+BoxRoute box_route(const Shape& full, const Box& box, int64_t elsize);
+
+// A staging buffer of `bytes` for strided boxes: plain heap memory when
+// small, a tensor (the buffer cache's, when it is on) when large.
+struct Staging {
+  std::unique_ptr<char[]> small;
+  at::Tensor large;
+  char* data = nullptr;
+  explicit Staging(int64_t bytes);
+};
 
 // The same loops, writing zeros over the destination side of `c`, or adding
 // its source side into its destination side element by element (elements
