@@ -12,7 +12,9 @@
 //   halo_exchange   row slabs, one ghost row      vs MPI_Sendrecv up and down
 //
 // "_fwd" times the forward call; "_fwdbwd" forward then backward, against
-// the raw pair (bcast+reduce, reduce+bcast, allreduce twice). Only rank 0
+// the raw pair (bcast+reduce, reduce+bcast, allreduce twice);
+// halo_exchange_inplace_adj the adjoint alone (its node applied, no
+// autograd engine) against the hand-written adjoint. Only rank 0
 // prints or writes JSON. The context records each benchmark's twin
 // ("twin:<name>"), the MPI library and LibTorch versions; counters record
 // the peak resident memory of the ranks (perf/README in docs/performance.md).
@@ -442,6 +444,30 @@ void halo_fwdbwd(benchmark::State& s, bool exchange) {
 void halo_exchange_inplace_fwdbwd(benchmark::State& s) { halo_fwdbwd(s, true); }
 void halo_exchange_autograd_floor_fwdbwd(benchmark::State& s) { halo_fwdbwd(s, false); }
 
+// The adjoint alone: the halo's autograd node applied to a gradient only it
+// holds (as the engine hands one over), beside the hand-written adjoint
+// (the ghost rows back, added into the bulk, zeroed). What partita's
+// backward does apart from LibTorch's engine, which the fwdbwd row adds
+// for the user's whole graph. The forward that makes the node, and the
+// gradient, are made untimed before each call.
+void halo_exchange_inplace_adj(benchmark::State& s) {
+  auto& H = halo_bench();
+  const int64_t cols = count(s);
+  const at::Tensor leaf = torch::randn({4, cols}).requires_grad_(true);
+  const at::Tensor c = torch::randn({4, cols});
+  at::Tensor w = torch::randn({4, cols}), landing = torch::empty({2, cols});
+  std::shared_ptr<torch::autograd::Node> node;
+  torch::autograd::variable_list grads;
+  paired(
+      s, s.range(0), [&] { benchmark::DoNotOptimize((*node)(std::move(grads))); },
+      [&] { H.raw_adjoint(w.data_ptr<float>(), landing.data_ptr<float>(), cols); },
+      [&] {
+        node = (*H.layer)(leaf.clone()).grad_fn();
+        grads.clear();
+        grads.push_back(c.clone());
+      });
+}
+
 // 4 KiB to 16 MiB by factors of 4.
 void sizes(benchmark::internal::Benchmark* b) {
   for (int64_t bytes = 4 << 10; bytes <= 16 << 20; bytes *= 4) b->Arg(bytes);
@@ -465,6 +491,7 @@ BENCHMARK(halo_exchange_fwd)->Apply(sizes);
 BENCHMARK(halo_exchange_inplace_fwd)->Apply(sizes);
 BENCHMARK(halo_exchange_inplace_fwdbwd)->Apply(sizes);
 BENCHMARK(halo_exchange_autograd_floor_fwdbwd)->Apply(sizes);
+BENCHMARK(halo_exchange_inplace_adj)->Apply(sizes);
 BENCHMARK(repartition_p2p_vs_alltoallw)->Apply(sizes);
 
 // Each benchmark's raw-MPI twin, recorded in the JSON context.
@@ -487,6 +514,7 @@ const std::map<std::string, std::string> kTwins = {
     {"halo_exchange_inplace_fwd", "2 x MPI_Sendrecv (in place)"},
     {"halo_exchange_inplace_fwdbwd", "2 x MPI_Sendrecv, y*c summed, 2 x MPI_Sendrecv + add (adjoint)"},
     {"halo_exchange_autograd_floor_fwdbwd", "the same twin as halo_exchange_inplace_fwdbwd (ours: the user graph's autograd alone, no exchange)"},
+    {"halo_exchange_inplace_adj", "2 x MPI_Sendrecv + add (the adjoint; ours: the halo's node applied, no engine)"},
 };
 
 class NullReporter : public benchmark::BenchmarkReporter {
