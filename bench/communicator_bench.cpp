@@ -9,7 +9,9 @@
 // "_fwd" is the forward call; "_fwdbwd" forward then backward, beside the
 // raw calls of both directions (allreduce twice; bcast + reduce; alltoall
 // twice; the ring both ways). The ring's forward+backward is the seed's
-// graph with join_dummies / join_dummies_handle. Sizes are the bytes of the
+// graph with join_dummies / join_dummies_handle. "_adj" is the adjoint
+// alone: the call's node applied to a gradient, no autograd engine, beside
+// the raw call of the adjoint direction. Sizes are the bytes of the
 // float32 tensor each rank passes. Floors under these rows:
 // mpi_nonblocking_* time MPICH's non-blocking collectives (which every call
 // posts) against the blocking ones (which the twins call),
@@ -153,6 +155,38 @@ void comm_ring_fwdbwd(benchmark::State& s) {
            raw_ring(send, recv, next, prev);
            raw_ring(recv, send, prev, next);
          });
+}
+
+// ---- the adjoints alone (paired.hpp's adjoint_alone) ---------------------------
+// The call's node applied to a gradient only it holds, no engine, beside the
+// raw call of the adjoint direction: allreduce's is an allreduce, bcast_'s a
+// sum-reduce to the root (zeros elsewhere), alltoall's the reverse alltoall.
+void comm_allreduce_adj(benchmark::State& s) {
+  const at::Tensor x = data(floats(s)).requires_grad_();
+  const at::Tensor dy = data(floats(s));
+  at::Tensor buf = data(floats(s)), out = data(floats(s));
+  adjoint_alone(s, s.range(0), dy, [&] { return comm().allreduce(x, ReduceOp::kSum); }, [&] {
+    MPI_Allreduce(buf.data_ptr(), out.data_ptr(), n_of(buf), MPI_FLOAT, MPI_SUM, world_comm());
+  });
+}
+void comm_bcast_adj(benchmark::State& s) {
+  const at::Tensor x = data(floats(s)).requires_grad_();
+  const at::Tensor dy = data(floats(s));
+  at::Tensor buf = data(floats(s)), out = data(floats(s));
+  adjoint_alone(s, s.range(0), dy, [&] { return comm().bcast_(x, 0); }, [&] {
+    MPI_Reduce(buf.data_ptr(), out.data_ptr(), n_of(buf), MPI_FLOAT, MPI_SUM, 0, world_comm());
+  });
+}
+void comm_alltoall_adj(benchmark::State& s) {
+  const int p = world_size();
+  const int64_t piece = floats(s) / p;
+  const at::Tensor x = data(piece * p).view({1, piece * p}).requires_grad_();
+  const at::Tensor dy = data(piece * p).view({p, piece});
+  at::Tensor send = data(piece * p), recv = data(piece * p);
+  adjoint_alone(s, s.range(0), dy, [&] { return comm().alltoall(x, 0, 1, piece); }, [&] {
+    MPI_Alltoall(send.data_ptr(), static_cast<int>(piece), MPI_FLOAT, recv.data_ptr(),
+                 static_cast<int>(piece), MPI_FLOAT, world_comm());
+  });
 }
 
 // ---- the floor: LibTorch's autograd engine alone ------------------------------
@@ -390,6 +424,9 @@ BENCHMARK(comm_alltoall_fwd)->Apply(sizes);
 BENCHMARK(comm_alltoall_fwdbwd)->Apply(sizes);
 BENCHMARK(comm_ring_fwd)->Apply(sizes);
 BENCHMARK(comm_ring_fwdbwd)->Apply(sizes);
+BENCHMARK(comm_allreduce_adj)->Apply(sizes);
+BENCHMARK(comm_bcast_adj)->Apply(sizes);
+BENCHMARK(comm_alltoall_adj)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_allreduce)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_bcast)->Apply(sizes);
 BENCHMARK(mpi_nonblocking_reduce)->Apply(sizes);
@@ -416,6 +453,9 @@ const std::map<std::string, std::string>& communicator_twins() {
       {"comm_alltoall_fwdbwd", "2 x MPI_Alltoall"},
       {"comm_ring_fwd", "MPI_Irecv + MPI_Isend + MPI_Waitall"},
       {"comm_ring_fwdbwd", "2 x (MPI_Irecv + MPI_Isend + MPI_Waitall)"},
+      {"comm_allreduce_adj", "MPI_Allreduce (ours: the adjoint's node applied, no engine)"},
+      {"comm_bcast_adj", "MPI_Reduce (ours: the adjoint's node applied, no engine)"},
+      {"comm_alltoall_adj", "MPI_Alltoall (ours: the adjoint's node applied, no engine)"},
       {"mpi_nonblocking_allreduce", "MPI_Allreduce"},
       {"mpi_nonblocking_bcast", "MPI_Bcast"},
       {"mpi_nonblocking_reduce", "MPI_Reduce"},

@@ -6,6 +6,7 @@
 
 #include <benchmark/benchmark.h>
 #include <mpi.h>
+#include <torch/torch.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -146,6 +147,25 @@ void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw,
   state.counters["peak_rss_mib"] = all[0];
   state.counters["peak_rss_mib_min_rank"] = -all[1];
   state.counters["rss_growth_mib"] = all[2];
+}
+
+// The adjoint alone: the autograd node of `forward()`'s output applied to
+// a copy of `dy` that only it holds (as LibTorch's engine hands a gradient
+// over), beside `raw`, the hand-written adjoint. The forward and the copy
+// are made untimed before each call, on every rank alike. This is partita's
+// backward without the engine, which a "_fwdbwd" row adds.
+template <typename Forward, typename Raw>
+void adjoint_alone(benchmark::State& state, int64_t bytes, const at::Tensor& dy,
+                   Forward&& forward, Raw&& raw) {
+  std::shared_ptr<torch::autograd::Node> node;
+  torch::autograd::variable_list grads;
+  paired(
+      state, bytes, [&] { benchmark::DoNotOptimize((*node)(std::move(grads))); }, raw,
+      [&] {
+        node = forward().grad_fn();
+        grads.clear();
+        grads.push_back(dy.clone());
+      });
 }
 
 // The communicator's benchmarks' twins (communicator_bench.cpp), for the

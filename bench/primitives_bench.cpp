@@ -56,6 +56,7 @@ using partita::mpi::world_rank;
 using partita::mpi::world_size;
 using partita::bench::once;
 using partita::bench::paired;
+using partita::bench::adjoint_alone;
 
 struct Layers {
   partita::mpi::CartesianPartition root, all;
@@ -446,26 +447,18 @@ void halo_exchange_autograd_floor_fwdbwd(benchmark::State& s) { halo_fwdbwd(s, f
 
 // The adjoint alone: the halo's autograd node applied to a gradient only it
 // holds (as the engine hands one over), beside the hand-written adjoint
-// (the ghost rows back, added into the bulk, zeroed). What partita's
-// backward does apart from LibTorch's engine, which the fwdbwd row adds
-// for the user's whole graph. The forward that makes the node, and the
-// gradient, are made untimed before each call.
+// (the ghost rows back, added into the bulk, zeroed): paired.hpp's
+// adjoint_alone. The fwdbwd row adds LibTorch's engine over the user's
+// whole graph.
 void halo_exchange_inplace_adj(benchmark::State& s) {
   auto& H = halo_bench();
   const int64_t cols = count(s);
   const at::Tensor leaf = torch::randn({4, cols}).requires_grad_(true);
   const at::Tensor c = torch::randn({4, cols});
   at::Tensor w = torch::randn({4, cols}), landing = torch::empty({2, cols});
-  std::shared_ptr<torch::autograd::Node> node;
-  torch::autograd::variable_list grads;
-  paired(
-      s, s.range(0), [&] { benchmark::DoNotOptimize((*node)(std::move(grads))); },
-      [&] { H.raw_adjoint(w.data_ptr<float>(), landing.data_ptr<float>(), cols); },
-      [&] {
-        node = (*H.layer)(leaf.clone()).grad_fn();
-        grads.clear();
-        grads.push_back(c.clone());
-      });
+  adjoint_alone(
+      s, s.range(0), c, [&] { return (*H.layer)(leaf.clone()); },
+      [&] { H.raw_adjoint(w.data_ptr<float>(), landing.data_ptr<float>(), cols); });
 }
 
 // 4 KiB to 16 MiB by factors of 4.

@@ -147,14 +147,34 @@ std::string check_adjoint(const mpi::Communicator& comm, const Call& c, uint64_t
   const at::Tensor x = input_of(seed, me, c.shape(me), at::kDouble).requires_grad_(true);
   const at::Tensor out = c.run(comm, x);
   const at::Tensor y = input_of(seed + 17, me, out.sizes().vec(), at::kDouble);
+  // The identity is taken with the cotangent as drawn: an adjoint that wrote
+  // into the tensor its caller still holds (instead of a copy) could
+  // otherwise keep both sides equal while changing the caller's data.
+  const at::Tensor y_drawn = y.clone();
   torch::autograd::backward({out}, {y});
+  const bool y_kept = y.equal(y_drawn);
   const at::Tensor gx = x.grad().defined() ? x.grad() : at::zeros_like(x);
-  const double lhs = sum_over_ranks(dot_product(out.detach(), y));
+  const double lhs = sum_over_ranks(dot_product(out.detach(), y_drawn));
   const double rhs = sum_over_ranks(dot_product(x.detach(), gx));
   const double scale = std::sqrt(sum_over_ranks(norm2(out.detach())) * sum_over_ranks(norm2(y))) +
                        std::sqrt(sum_over_ranks(norm2(x.detach())) * sum_over_ranks(norm2(gx)));
   const double gap = std::abs(lhs - rhs) / std::max(scale, 1e-300);
   if (relative_gap) *relative_gap = gap;
+  if (!y_kept) return c.name + " backward changed the cotangent its caller holds";
+  // The same cotangent arriving from inside the graph, as in training:
+  // (F(x) * y).sum() hands the call's node a gradient only it holds, which
+  // an adjoint may work on in place (owned_contiguous); it must give the
+  // same gradient.
+  {
+    const at::Tensor x2 = input_of(seed, me, c.shape(me), at::kDouble).requires_grad_(true);
+    (c.run(comm, x2) * y_drawn).sum().backward();
+    const at::Tensor gx2 = x2.grad().defined() ? x2.grad() : at::zeros_like(x2);
+    if (!at::allclose(gx2, gx, 1e-13, 1e-13))
+      return c.name + " backward of a gradient made inside the graph differs from that of the "
+                      "same cotangent passed to backward() (max difference " +
+             std::to_string((gx2 - gx).abs().max().item<double>()) + " on rank " +
+             std::to_string(me) + ")";
+  }
   if (scale == 0) return c.name + " adjoint: every norm is zero (nothing was checked)";
   if (gap > 1e-10) {
     std::ostringstream os;

@@ -270,11 +270,14 @@ at::Tensor with_adjoint_in_place(const at::Tensor& x, bool attach, const std::st
   return x;
 }
 
+bool owned(const at::Tensor& g) {
+  return g.use_count() == 1 && g.is_contiguous() && !g.is_view() && g.storage_offset() == 0 &&
+         g.storage().use_count() == 1 &&
+         static_cast<int64_t>(g.storage().nbytes()) == g.numel() * g.element_size();
+}
+
 at::Tensor owned_contiguous(at::Tensor g) {
-  const bool owned = g.use_count() == 1 && g.is_contiguous() && !g.is_view() &&
-                     g.storage_offset() == 0 && g.storage().use_count() == 1 &&
-                     static_cast<int64_t>(g.storage().nbytes()) == g.numel() * g.element_size();
-  return owned ? g : g.clone(at::MemoryFormat::Contiguous);
+  return owned(g) ? g : g.clone(at::MemoryFormat::Contiguous);
 }
 
 }  // namespace partita::mpi::detail

@@ -105,6 +105,8 @@ at::Tensor with_adjoint_in_place(const at::Tensor& x, bool attach, const std::st
 // contiguous tensor that owns all of it (so changing it in place is
 // invisible to anyone), otherwise a contiguous copy.
 at::Tensor owned_contiguous(at::Tensor g);
+// Whether owned_contiguous would return `g` itself.
+bool owned(const at::Tensor& g);
 
 }  // namespace partita::mpi::detail
 
