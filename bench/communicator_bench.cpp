@@ -89,31 +89,33 @@ void comm_bcast_fwdbwd(benchmark::State& s) {
 
 // ---- alltoall: a [1, n] row, piece j to rank j, gathered along axis 0 --------
 // (the receive buffer is the output: no copy on either side)
+struct AlltoallRow {
+  int p = world_size();
+  int64_t piece;
+  at::Tensor x, dy, send, recv;  // the input, a cotangent of the output's shape, the twin's
+  AlltoallRow(const benchmark::State& s, bool grad) : piece(floats(s) / p) {
+    x = data(piece * p).view({1, piece * p}).requires_grad_(grad);
+    dy = data(piece * p).view({p, piece});
+    send = data(piece * p);
+    recv = data(piece * p);
+  }
+  at::Tensor call() const { return comm().alltoall(x, 0, 1, piece); }
+  void raw(bool back = false) {
+    MPI_Alltoall(back ? recv.data_ptr() : send.data_ptr(), static_cast<int>(piece), MPI_FLOAT,
+                 back ? send.data_ptr() : recv.data_ptr(), static_cast<int>(piece), MPI_FLOAT,
+                 world_comm());
+  }
+};
 void comm_alltoall_fwd(benchmark::State& s) {
-  const int p = world_size();
-  const int64_t piece = floats(s) / p;
-  const at::Tensor x = data(piece * p).view({1, piece * p});
-  at::Tensor send = data(piece * p), recv = data(piece * p);
-  paired(s, s.range(0),
-         [&] { benchmark::DoNotOptimize(comm().alltoall(x, 0, 1, piece)); },
-         [&] {
-           MPI_Alltoall(send.data_ptr(), static_cast<int>(piece), MPI_FLOAT, recv.data_ptr(),
-                        static_cast<int>(piece), MPI_FLOAT, world_comm());
-         });
+  AlltoallRow a(s, false);
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(a.call()); }, [&] { a.raw(); });
 }
 void comm_alltoall_fwdbwd(benchmark::State& s) {
-  const int p = world_size();
-  const int64_t piece = floats(s) / p;
-  const at::Tensor x = data(piece * p).view({1, piece * p}).requires_grad_();
-  const at::Tensor dy = data(piece * p).view({p, piece});
-  at::Tensor send = data(piece * p), recv = data(piece * p);
-  paired(s, s.range(0), [&] { backward_and_reset(comm().alltoall(x, 0, 1, piece), dy, x); },
-         [&] {
-           for (int k = 0; k < 2; ++k)
-             MPI_Alltoall(k ? recv.data_ptr() : send.data_ptr(), static_cast<int>(piece),
-                          MPI_FLOAT, k ? send.data_ptr() : recv.data_ptr(),
-                          static_cast<int>(piece), MPI_FLOAT, world_comm());
-         });
+  AlltoallRow a(s, true);
+  paired(s, s.range(0), [&] { backward_and_reset(a.call(), a.dy, a.x); }, [&] {
+    a.raw();
+    a.raw(true);
+  });
 }
 
 // ---- the isend/irecv ring -----------------------------------------------------
@@ -178,15 +180,8 @@ void comm_bcast_adj(benchmark::State& s) {
   });
 }
 void comm_alltoall_adj(benchmark::State& s) {
-  const int p = world_size();
-  const int64_t piece = floats(s) / p;
-  const at::Tensor x = data(piece * p).view({1, piece * p}).requires_grad_();
-  const at::Tensor dy = data(piece * p).view({p, piece});
-  at::Tensor send = data(piece * p), recv = data(piece * p);
-  adjoint_alone(s, s.range(0), dy, [&] { return comm().alltoall(x, 0, 1, piece); }, [&] {
-    MPI_Alltoall(send.data_ptr(), static_cast<int>(piece), MPI_FLOAT, recv.data_ptr(),
-                 static_cast<int>(piece), MPI_FLOAT, world_comm());
-  });
+  AlltoallRow a(s, true);
+  adjoint_alone(s, s.range(0), a.dy, [&] { return a.call(); }, [&] { a.raw(); });
 }
 
 // ---- the floor: LibTorch's autograd engine alone ------------------------------

@@ -163,22 +163,24 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     int n_landed = 0;
     auto post_recv = [&](int from, int tag, const BoxRoute& r, const BoxCopy& add) {
       if (!r.elements) return;
-      char* at = data + r.offset * elsize;
+      char* at = next;  // a staging slot, or the contiguous run itself
       if (adjoint || r.strided()) {
-        at = next;
         next += r.elements * elsize;
         landed[n_landed++] = {at, adjoint ? &add : &r.unpack};
+      } else {
+        at = data + r.offset * elsize;
       }
       PARTITA_MPI_CHECK(MPI_Irecv(at, mpi_count(r.elements, what), element, from, tag,
                                   P_x.comm(), &reqs[n++]));
     };
     auto post_send = [&](int to, int tag, const BoxRoute& r) {
       if (!r.elements) return;
-      char* at = data + r.offset * elsize;
+      char* at = next;
       if (r.strided()) {
-        at = next;
         next += r.elements * elsize;
         r.pack(data, at);
+      } else {
+        at = data + r.offset * elsize;
       }
       PARTITA_MPI_CHECK(MPI_Isend(at, mpi_count(r.elements, what), element, to, tag, P_x.comm(),
                                   &reqs[n++]));

@@ -133,9 +133,10 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
       const int64_t n = recvs[i].slice.size();
       if (recvs[i].partner == me || n == 0) continue;
       const int from = union_rank.at(recvs[i].partner);
-      char* at = dst_data + rp[i].offset * elsize;
-      if (rp[i].strided()) {
-        at = next;
+      char* at = next;
+      if (!rp[i].strided()) {
+        at = dst_data + rp[i].offset * elsize;
+      } else {
         next += n * elsize;
         landed.emplace_back(i, at);
       }
@@ -148,9 +149,10 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
       const int64_t n = sends[i].slice.size();
       if (sends[i].partner == me || n == 0) continue;
       const int to = union_rank.at(sends[i].partner);
-      char* at = src_data + sp[i].offset * elsize;
-      if (sp[i].strided()) {
-        at = next;
+      char* at = next;
+      if (!sp[i].strided()) {
+        at = src_data + sp[i].offset * elsize;
+      } else {
         next += n * elsize;
         sp[i].pack(src_data, at);
       }

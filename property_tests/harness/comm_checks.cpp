@@ -152,15 +152,17 @@ std::string check_adjoint(const mpi::Communicator& comm, const Call& c, uint64_t
   // otherwise keep both sides equal while changing the caller's data.
   const at::Tensor y_drawn = y.clone();
   torch::autograd::backward({out}, {y});
-  const bool y_kept = y.equal(y_drawn);
+  // Agreed on every rank before anything returns: the second pass below is
+  // collective, and an adjoint may change the cotangent on some ranks only.
+  const bool y_kept = sum_over_ranks(y.equal(y_drawn) ? 0.0 : 1.0) == 0;
   const at::Tensor gx = x.grad().defined() ? x.grad() : at::zeros_like(x);
   const double lhs = sum_over_ranks(dot_product(out.detach(), y_drawn));
   const double rhs = sum_over_ranks(dot_product(x.detach(), gx));
-  const double scale = std::sqrt(sum_over_ranks(norm2(out.detach())) * sum_over_ranks(norm2(y))) +
+  const double scale = std::sqrt(sum_over_ranks(norm2(out.detach())) * sum_over_ranks(norm2(y_drawn))) +
                        std::sqrt(sum_over_ranks(norm2(x.detach())) * sum_over_ranks(norm2(gx)));
   const double gap = std::abs(lhs - rhs) / std::max(scale, 1e-300);
   if (relative_gap) *relative_gap = gap;
-  if (!y_kept) return c.name + " backward changed the cotangent its caller holds";
+  if (!y_kept) return c.name + " backward changed the cotangent its caller holds (on some rank)";
   // The same cotangent arriving from inside the graph, as in training:
   // (F(x) * y).sum() hands the call's node a gradient only it holds, which
   // an adjoint may work on in place (owned_contiguous); it must give the

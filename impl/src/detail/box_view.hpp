@@ -1,5 +1,6 @@
-// Internal: a Box (partita/tiling.hpp) of a tensor, as a view or as an MPI
-// datatype that addresses it in place (no packing, no landing buffer).
+// Internal: a Box (partita/tiling.hpp) of a tensor: as a view, as planned
+// copy loops (packing, unpacking, zeroing, adding), as the route it takes
+// point to point, or as an MPI datatype that addresses it in place.
 #pragma once
 
 #include <ATen/ATen.h>
