@@ -30,10 +30,9 @@ struct Step {
   // How each of the four boxes of this rank's window travels (box_view.hpp:
   // a contiguous run in place, a strided box packed), planned once; nothing
   // travels where the box is empty or has no partner.
+  // The adjoint zeroes each ghost box and adds each arrived gradient (a
+  // buffer of the box's shape) into its bulk box through the routes' unpack.
   BoxRoute r_ghost_lo, r_ghost_hi, r_for_lo, r_for_hi;
-  // The adjoint's work on the window, planned once: zero each ghost box,
-  // add each arrived gradient (a buffer of the box's shape) into its bulk box.
-  BoxCopy zero_ghost_lo, zero_ghost_hi, add_for_lo, add_for_hi;
   // Staging bytes per call: the forward's strided boxes; the adjoint's
   // arrivals (always landed, since they are added) and strided ghosts.
   int64_t forward_staged = 0, adjoint_staged = 0;
@@ -110,10 +109,6 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
       s.r_ghost_hi = route(s.hi, s.ghost_hi);
       s.r_for_lo = route(s.lo, s.for_lo);
       s.r_for_hi = route(s.hi, s.for_hi);
-      if (s.r_ghost_lo.elements) s.zero_ghost_lo = box_unpack(window, s.ghost_lo, elsize);
-      if (s.r_ghost_hi.elements) s.zero_ghost_hi = box_unpack(window, s.ghost_hi, elsize);
-      if (s.r_for_lo.elements) s.add_for_lo = box_unpack(window, s.for_lo, elsize);
-      if (s.r_for_hi.elements) s.add_for_hi = box_unpack(window, s.for_hi, elsize);
       auto strided = [&](const BoxRoute& r) { return r.strided() ? r.elements * elsize : 0; };
       s.forward_staged = strided(s.r_ghost_lo) + strided(s.r_ghost_hi) + strided(s.r_for_lo) +
                          strided(s.r_for_hi);
@@ -161,12 +156,12 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     // unpack; adjoint, a gradient to add into its bulk box.
     std::pair<const char*, const BoxCopy*> landed[2];
     int n_landed = 0;
-    auto post_recv = [&](int from, int tag, const BoxRoute& r, const BoxCopy& add) {
+    auto post_recv = [&](int from, int tag, const BoxRoute& r) {
       if (!r.elements) return;
       char* at = next;  // a staging slot, or the contiguous run itself
       if (adjoint || r.strided()) {
         next += r.elements * elsize;
-        landed[n_landed++] = {at, adjoint ? &add : &r.unpack};
+        landed[n_landed++] = {at, &r.unpack};
       } else {
         at = data + r.offset * elsize;
       }
@@ -188,13 +183,13 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     // Forward: bulk travels out, ghosts land. Adjoint: ghosts travel back
     // and are added into the bulk they came from.
     if (!adjoint) {
-      post_recv(s.lo, s.tag_up, s.r_ghost_lo, s.add_for_lo);
-      post_recv(s.hi, s.tag_down, s.r_ghost_hi, s.add_for_hi);
+      post_recv(s.lo, s.tag_up, s.r_ghost_lo);
+      post_recv(s.hi, s.tag_down, s.r_ghost_hi);
       post_send(s.lo, s.tag_down, s.r_for_lo);
       post_send(s.hi, s.tag_up, s.r_for_hi);
     } else {
-      post_recv(s.lo, s.tag_up, s.r_for_lo, s.add_for_lo);
-      post_recv(s.hi, s.tag_down, s.r_for_hi, s.add_for_hi);
+      post_recv(s.lo, s.tag_up, s.r_for_lo);
+      post_recv(s.hi, s.tag_down, s.r_for_hi);
       post_send(s.lo, s.tag_down, s.r_ghost_lo);
       post_send(s.hi, s.tag_up, s.r_ghost_hi);
     }
@@ -205,8 +200,8 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     }
     // The ghosts' gradients went back: zero them, then add what arrived
     // into the bulk boxes it belongs to.
-    if (s.r_ghost_lo.elements) box_zero(s.zero_ghost_lo, data);
-    if (s.r_ghost_hi.elements) box_zero(s.zero_ghost_hi, data);
+    if (s.r_ghost_lo.elements) box_zero(s.r_ghost_lo.unpack, data);
+    if (s.r_ghost_hi.elements) box_zero(s.r_ghost_hi.unpack, data);
     for (int i = 0; i < n_landed; ++i)
       box_add(*landed[i].second, landed[i].first, data, t.scalar_type());
   }

@@ -65,10 +65,8 @@ BoxRoute box_route(const Shape& full, const Box& box, int64_t elsize) {
   r.elements = box.size();
   if (r.elements <= 0) return r;
   r.offset = contiguous_offset(full, box);
-  if (r.offset < 0) {
-    r.pack = box_pack(full, box, elsize);
-    r.unpack = box_unpack(full, box, elsize);
-  }
+  if (r.offset < 0) r.pack = box_pack(full, box, elsize);
+  r.unpack = box_unpack(full, box, elsize);
   return r;
 }
 

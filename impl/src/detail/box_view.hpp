@@ -64,7 +64,9 @@ BoxCopy box_unpack(const Shape& full, const Box& box, int64_t elsize);
 struct BoxRoute {
   int64_t elements = 0;  // the box's volume (0: nothing travels)
   int64_t offset = -1;   // >= 0: a contiguous run at this element offset
-  BoxCopy pack, unpack;  // a strided box (offset < 0): to and from its buffer
+  BoxCopy pack;          // a strided box (offset < 0): into its buffer
+  BoxCopy unpack;        // any box: from a buffer of its shape into place (also
+                         // what the halo's adjoint zeroes and adds through)
   bool strided() const { return elements > 0 && offset < 0; }
 };
 BoxRoute box_route(const Shape& full, const Box& box, int64_t elsize);
