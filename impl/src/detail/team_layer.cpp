@@ -1,3 +1,5 @@
+// Broadcast and SumReduce's shared team code (team_layer.hpp); the public
+// plans and modules are in nn/broadcast.cpp and nn/sum_reduce.cpp.
 #include "detail/team_layer.hpp"
 
 #include <ATen/core/grad_mode.h>
@@ -6,8 +8,6 @@
 #include "detail/plan_cache.hpp"
 #include "detail/plan_check.hpp"
 #include "detail/team_comm.hpp"
-#include "partita/nn/broadcast.hpp"
-#include "partita/nn/sum_reduce.hpp"
 
 namespace partita::nn::detail {
 
@@ -118,45 +118,3 @@ at::Tensor TeamLayer::forward(const at::Tensor& x) const {
 }
 
 }  // namespace partita::nn::detail
-
-namespace partita::nn {
-
-namespace functional {
-
-BroadcastPlan::BroadcastPlan(const mpi::Partition& P_x, const mpi::Partition& P_y,
-                             Options options)
-    : layer_(std::make_shared<detail::TeamLayer>(detail::TeamLayer::Kind::Broadcast, P_x, P_y,
-                                                 options)) {}
-const mpi::Partition& BroadcastPlan::P_send() const { return layer_->P_send; }
-const mpi::Partition& BroadcastPlan::P_recv() const { return layer_->P_recv; }
-at::Tensor broadcast(const at::Tensor& x, const BroadcastPlan& plan) {
-  return plan.layer_->forward(x);
-}
-
-SumReducePlan::SumReducePlan(const mpi::Partition& P_x, const mpi::Partition& P_y,
-                             Options options)
-    : layer_(std::make_shared<detail::TeamLayer>(detail::TeamLayer::Kind::SumReduce, P_x, P_y,
-                                                 options)) {}
-const mpi::Partition& SumReducePlan::P_send() const { return layer_->P_send; }
-const mpi::Partition& SumReducePlan::P_recv() const { return layer_->P_recv; }
-at::Tensor sum_reduce(const at::Tensor& x, const SumReducePlan& plan) {
-  return plan.layer_->forward(x);
-}
-
-}  // namespace functional
-
-BroadcastImpl::BroadcastImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
-                             Options options)
-    : plan_(P_x, P_y, options) {}
-torch::Tensor BroadcastImpl::forward(const torch::Tensor& x) {
-  return functional::broadcast(x, plan_);
-}
-
-SumReduceImpl::SumReduceImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
-                             Options options)
-    : plan_(P_x, P_y, options) {}
-torch::Tensor SumReduceImpl::forward(const torch::Tensor& x) {
-  return functional::sum_reduce(x, plan_);
-}
-
-}  // namespace partita::nn

@@ -9,6 +9,7 @@
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/all_gather.hpp"
 #include "partita/nn/broadcast.hpp"
+#include "partita/nn/reduce_scatter.hpp"
 #include "partita/nn/sum_reduce.hpp"
 
 namespace partita::nn {

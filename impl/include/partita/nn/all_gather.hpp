@@ -1,5 +1,6 @@
-// partita::nn::AllGather and partita::nn::ReduceScatter along one dimension
-// of a Cartesian partition (DESIGN.md).
+// partita::nn::AllGather along one dimension of a Cartesian partition
+// (DESIGN.md); its adjoint, partita::nn::ReduceScatter, is in
+// reduce_scatter.hpp (included here, where it was declared before).
 //
 // Teams: the workers of P_x that differ only along partition dimension
 // `axis`, in order along it.
@@ -7,12 +8,8 @@
 // inputs along tensor dimension `dim` (inputs may differ in extent along
 // `dim` only). Adjoint: the reduce-scatter — the team's gradients summed, and
 // each member keeps the slice its own input occupied.
-// ReduceScatter forward: the team's inputs (one shape) summed, split along
-// `dim` by the balanced decomposition (member i of k gets N/k + (i < N%k)
-// rows starting at i*(N/k) + min(i, N%k)). Adjoint: the all-gather of the
-// slices' gradients.
 // Workers outside P_x return a clone of their (zero-volume) input.
-// Thin wrappers of functional::all_gather / reduce_scatter (functional.hpp).
+// A thin wrapper of functional::all_gather (functional.hpp).
 // Construction is collective over the active members of P_x.
 #pragma once
 
@@ -23,6 +20,7 @@
 
 #include "partita/mpi/partition.hpp"
 #include "partita/nn/functional.hpp"
+#include "partita/nn/reduce_scatter.hpp"
 #include "partita/options.hpp"
 
 namespace partita::nn {
@@ -43,19 +41,5 @@ class AllGatherImpl : public torch::nn::Module {
   functional::AllGatherPlan plan_;
 };
 TORCH_MODULE(AllGather);
-
-class ReduceScatterImpl : public torch::nn::Module {
- public:
-  ReduceScatterImpl(const mpi::Partition& P_x, int axis, int64_t dim);
-  // DistDL's form: ReduceScatter(P_x, {.axes = ...}) (axes_reduce_scatter)
-  // or {.axes_keep = ...}; scale_backward must be empty.
-  ReduceScatterImpl(const mpi::Partition& P_x, const GatherAxes& axes);
-  torch::Tensor forward(const torch::Tensor& x);
-  const functional::ReduceScatterPlan& plan() const { return plan_; }
-
- private:
-  functional::ReduceScatterPlan plan_;
-};
-TORCH_MODULE(ReduceScatter);
 
 }  // namespace partita::nn
