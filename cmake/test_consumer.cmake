@@ -1,6 +1,12 @@
 # ctest install_consumer_np2 (issue 10): installs the build into a prefix,
 # configures and builds examples/consumer against it with nothing but
 # find_package(partita) and partita::core, and runs it at 2 ranks.
+# With -DPROJECT=custom_layer (ctest install_custom_layer, issue 30): builds
+# examples/custom_layer against the install (partita::testing and its
+# partita_add_mpi_test helper) and runs its ctest suite.
+if(NOT DEFINED PROJECT)
+  set(PROJECT consumer)
+endif()
 foreach(v BUILD_DIR SOURCE_DIR WORK MPIEXEC MPI_CXX_COMPILER)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "test_consumer.cmake needs -D${v}=")
@@ -15,10 +21,18 @@ function(step)
   set(step_output "${out}" PARENT_SCOPE)
 endfunction()
 step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK}/prefix)
-step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/consumer -B ${WORK}/build -G Ninja
+step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/${PROJECT} -B ${WORK}/build -G Ninja
      -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK}/prefix
      -DMPI_CXX_COMPILER=${MPI_CXX_COMPILER})
 step(${CMAKE_COMMAND} --build ${WORK}/build)
+if(PROJECT STREQUAL "custom_layer")
+  step(${CMAKE_CTEST_COMMAND} --test-dir ${WORK}/build --output-on-failure -V)
+  message(STATUS "${step_output}")
+  if(NOT step_output MATCHES "100% tests passed, 0 tests failed out of 5")
+    message(FATAL_ERROR "examples/custom_layer's suite did not pass its 5 tests")
+  endif()
+  return()
+endif()
 step(${MPIEXEC} -n 2 ${WORK}/build/app)
 message(STATUS "${step_output}")
 foreach(r 0 1)

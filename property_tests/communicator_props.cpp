@@ -14,8 +14,8 @@
 #include <map>
 #include <sstream>
 
-#include "harness/comm_checks.hpp"
-#include "harness/lockstep.hpp"
+#include "partita/testing/comm_checks.hpp"
+#include "partita/testing/lockstep.hpp"
 #include "partita/mpi/communicator.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/reference/communicator.hpp"

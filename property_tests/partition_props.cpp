@@ -5,12 +5,12 @@
 
 #include <sstream>
 
-#include "harness/lockstep.hpp"
+#include "partita/testing/lockstep.hpp"
 #include "partita/errors.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/reference/partition.hpp"
-#include "partition_cases.hpp"
+#include "partita/testing/partition_cases.hpp"
 
 namespace partita::testing {
 namespace {

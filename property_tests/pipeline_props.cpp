@@ -11,8 +11,8 @@
 #include <map>
 #include <set>
 
-#include "harness/lockstep.hpp"
-#include "harness/pipeline_checks.hpp"
+#include "partita/testing/lockstep.hpp"
+#include "partita/testing/pipeline_checks.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp.hpp"
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "case_runner.hpp"
-#include "harness/lockstep.hpp"
+#include "partita/testing/case_runner.hpp"
+#include "partita/testing/lockstep.hpp"
 #include "partita/errors.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
@@ -25,7 +25,7 @@
 #include "partita/nn/sum_reduce.hpp"
 #include "partita/tensor_rules.hpp"
 #include "partita/tiling.hpp"
-#include "partition_cases.hpp"
+#include "partita/testing/partition_cases.hpp"
 
 namespace partita::testing {
 namespace {
@@ -118,7 +118,7 @@ void check_primitive(const std::string& primitive) {
             for (const auto& f : features(c)) ++drawn[f];
           } catch (const std::exception&) {  // a malformed tiling: run_case reports it
           }
-          const auto outcome = tools::run_case(c);
+          const auto outcome = run_case(c);
           v.expect(outcome.ok, outcome.summary);
           ++kinds[!outcome.expected_error.empty() ? "rejected (both raised)"
                   : outcome.y.numel() > 0         ? "data moved"
@@ -218,7 +218,7 @@ void check_adjoint_pair(const std::string& primitive) {
         if (gather_pair && (!c.local_shapes.empty() ||
                             (c.distdl && !c.distdl->scale_backward.empty())))
           return;  // uneven pieces or a scaled backward: not the plain pair
-        at::Tensor x = tools::case_input(c, me).requires_grad_(true), y;
+        at::Tensor x = case_input(c, me).requires_grad_(true), y;
         std::function<at::Tensor(const at::Tensor&)> pair;
         try {
           const auto px = part(c.P_x);
@@ -246,7 +246,7 @@ void check_adjoint_pair(const std::string& primitive) {
         } catch (const Error&) {
           return;  // a case the layers reject (checked by the other properties)
         }
-        const at::Tensor dy = tools::case_cotangent(c, me, y.sizes());
+        const at::Tensor dy = case_cotangent(c, me, y.sizes());
         if (y.requires_grad()) torch::autograd::backward({y}, {dy});
         const at::Tensor dx = x.grad().defined() ? x.grad() : at::zeros_like(x);
         const at::Tensor z = pair(dy);

@@ -12,8 +12,8 @@
 #include <random>
 #include <sstream>
 
-#include "harness/ivalue_compare.hpp"
-#include "harness/lockstep.hpp"
+#include "partita/testing/ivalue_compare.hpp"
+#include "partita/testing/lockstep.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp.hpp"
 #include "partita/smp/message.hpp"

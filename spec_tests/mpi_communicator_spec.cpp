@@ -9,8 +9,8 @@
 #include <functional>
 #include <string>
 
-#include "harness/comm_checks.hpp"
-#include "harness/lockstep.hpp"
+#include "partita/testing/comm_checks.hpp"
+#include "partita/testing/lockstep.hpp"
 #include "partita/errors.hpp"
 #include "partita/mpi/communicator.hpp"
 #include "partita/mpi/runtime.hpp"

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "expect_raises.hpp"
-#include "harness/ivalue_compare.hpp"
+#include "partita/testing/ivalue_compare.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp.hpp"
 #include "partita/smp/communicators.hpp"

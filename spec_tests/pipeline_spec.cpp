@@ -14,7 +14,7 @@
 #include <typeinfo>
 
 #include "expect_raises.hpp"
-#include "harness/pipeline_checks.hpp"
+#include "partita/testing/pipeline_checks.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp.hpp"
 #include "partita/smp/pipeline.hpp"

@@ -8,13 +8,16 @@
 #include <memory>
 #include <sstream>
 
-#include "case_runner.hpp"
+#include "partita/testing/case_runner.hpp"
 #include "partita/cli.hpp"
 #include "partita/errors.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
 
 namespace partita::tools {
+using testing::Case;
+using testing::CaseOutcome;
+using testing::run_case;
 
 namespace {
 

@@ -7,9 +7,10 @@
 
 #include <string>
 
-#include "partita/case.hpp"
+#include "partita/testing/case.hpp"
+#include "partita/testing/checks.hpp"  // loss_without_gradient
 
-namespace partita::tools {
+namespace partita::testing {
 
 struct CaseOutcome {
   bool ok = true;
@@ -23,13 +24,8 @@ struct CaseOutcome {
 // world is smaller than the case needs.
 CaseOutcome run_case(const Case& c);
 
-// A scalar loss that passes `y` on but whose gradient comes back undefined:
-// backward through it is what a layer sees on a rank whose output does not
-// reach the loss (issue 18; PyTorch's gradcheck tests the same).
-at::Tensor loss_without_gradient(const at::Tensor& y);
-
 // The inputs and cotangents of the documented scheme (Case::data_seed).
 at::Tensor case_input(const Case& c, int worker);
 at::Tensor case_cotangent(const Case& c, int worker, at::IntArrayRef shape);
 
-}  // namespace partita::tools
+}  // namespace partita::testing

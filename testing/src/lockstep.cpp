@@ -1,4 +1,4 @@
-#include "lockstep.hpp"
+#include "partita/testing/lockstep.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -11,7 +11,7 @@
 #include <fstream>
 #include <iostream>
 
-#include "partita/case.hpp"
+#include "partita/testing/case.hpp"
 #include "partita/mpi/runtime.hpp"
 
 namespace partita::testing {

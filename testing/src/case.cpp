@@ -1,4 +1,4 @@
-#include "partita/case.hpp"
+#include "partita/testing/case.hpp"
 
 #include <algorithm>
 #include <fstream>
@@ -7,7 +7,7 @@
 #include "partita/errors.hpp"
 #include "partita/json.hpp"
 
-namespace partita {
+namespace partita::testing {
 
 namespace {
 
@@ -400,4 +400,4 @@ Shape Case::input_shape(int worker) const {
   return s;
 }
 
-}  // namespace partita
+}  // namespace partita::testing

@@ -16,7 +16,7 @@
 #include "partita/options.hpp"
 #include "partita/shape.hpp"
 
-namespace partita {
+namespace partita::testing {
 
 struct PartitionSpec {
   Ranks ranks;
@@ -93,4 +93,4 @@ struct Case {
 // The repro line (RapidCheck prints counterexamples with it).
 inline std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.repro(); }
 
-}  // namespace partita
+}  // namespace partita::testing

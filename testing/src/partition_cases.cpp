@@ -1,4 +1,4 @@
-#include "partition_cases.hpp"
+#include "partita/testing/partition_cases.hpp"
 
 #include "partita/tiling.hpp"
 

@@ -33,7 +33,7 @@ rc::Gen<PartitionCase> gen_partition_case(int world);
 
 }  // namespace partita::testing
 
-#include "partita/case.hpp"
+#include "partita/testing/case.hpp"
 
 namespace partita::testing {
 

@@ -38,6 +38,12 @@ class Verdict {
     if (!ok) fail(what);
     return ok;
   }
+  // Records `problem` as a failure unless it is empty (the checks of
+  // checks.hpp return "" or what differed).
+  bool expect_empty(const std::string& problem) {
+    if (!problem.empty()) fail(problem);
+    return problem.empty();
+  }
   void fail(const std::string& what) {
     ok_ = false;
     if (!message_.empty()) message_ += "; ";

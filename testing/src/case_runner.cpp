@@ -1,4 +1,6 @@
-#include "case_runner.hpp"
+#include "partita/testing/case_runner.hpp"
+
+#include "partita/testing/checks.hpp"
 
 #include <torch/torch.h>
 
@@ -26,7 +28,7 @@
 #include "partita/reference/sum_reduce.hpp"
 #include "partita/tensor_rules.hpp"
 
-namespace partita::tools {
+namespace partita::testing {
 
 namespace {
 
@@ -159,19 +161,6 @@ double adjoint_tolerance(at::ScalarType t) {
   return 5e-2;
 }
 
-// The output passes through unchanged, and its gradient comes back
-// undefined: what a primitive's backward receives on a rank whose output
-// does not reach the loss (PyTorch's gradcheck tests the same).
-struct UndefinedGrad : torch::autograd::Function<UndefinedGrad> {
-  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& y) {
-    return y.clone();
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
-                                                 torch::autograd::variable_list) {
-    return {at::Tensor()};
-  }
-};
-
 // The class of a partita error, as a word for reports (issue 9: when both
 // sides raise, the classes must agree).
 // With the broken rule's code (partita::rule_code): "ShapeError[tiling.uneven]".
@@ -235,8 +224,6 @@ std::shared_ptr<nn::DistributedLinearBase> make_linear(const Case& c, int64_t in
 }
 
 }  // namespace
-
-at::Tensor loss_without_gradient(const at::Tensor& y) { return UndefinedGrad::apply(y).sum(); }
 
 at::Tensor case_input(const Case& c, int worker) {
   return fill(c, worker, c.input_shape(worker), 1000, 1);
@@ -550,4 +537,4 @@ CaseOutcome run_case(const Case& c) {
   return out;
 }
 
-}  // namespace partita::tools
+}  // namespace partita::testing

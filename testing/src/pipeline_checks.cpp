@@ -1,4 +1,4 @@
-#include "harness/pipeline_checks.hpp"
+#include "partita/testing/pipeline_checks.hpp"
 
 #include <cmath>
 #include <map>

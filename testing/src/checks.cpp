@@ -1,0 +1,310 @@
+#include "partita/testing/checks.hpp"
+
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "partita/mpi/runtime.hpp"
+#include "partita/testing/lockstep.hpp"
+
+namespace partita::testing {
+
+double Tolerance::of(at::ScalarType t) const {
+  switch (t) {
+    case at::kDouble: return float64;
+    case at::kFloat: return float32;
+    default: return float16;
+  }
+}
+
+at::Tensor rank_input(uint64_t seed, int rank, const Shape& shape, at::ScalarType dtype) {
+  auto gen = at::detail::createCPUGenerator(seed * 1000003ull + static_cast<uint64_t>(rank) * 7919ull + 1);
+  at::Tensor t;
+  if (at::isFloatingType(dtype)) {
+    t = at::randn(shape, gen, at::TensorOptions(at::kDouble)).to(dtype);
+  } else if (dtype == at::kBool) {
+    t = at::randint(0, 2, shape, gen, at::TensorOptions(at::kLong)).to(at::kBool);
+  } else {
+    t = at::randint(0, 8, shape, gen, at::TensorOptions(at::kLong)).to(dtype);
+  }
+  // Never all zeros (an all-zero check proves nothing): set one element.
+  if (t.numel() > 0 && dtype != at::kBool && !t.ne(0).any().item<bool>())
+    t.view(-1)[0] = 1 + rank;
+  return t;
+}
+
+double sum_over_ranks(double local) {
+  // Non-blocking and finished under partita's waiting policy: a blocking
+  // MPI_Allreduce spins, which costs milliseconds per call when ranks
+  // outnumber cores.
+  double all = 0;
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Iallreduce(&local, &all, 1, MPI_DOUBLE, MPI_SUM, harness_comm(), &req));
+  mpi::wait(req, "sum_over_ranks");
+  return all;
+}
+
+bool all_ranks(bool local_ok) { return sum_over_ranks(local_ok ? 0.0 : 1.0) == 0; }
+
+std::string agree(const std::string& local) {
+  if (all_ranks(local.empty())) return "";
+  const auto all = mpi::allgather_strings(local, harness_comm());
+  std::string text;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty()) text += (text.empty() ? "" : "\n") + std::string("rank ") + std::to_string(r) + ": " + all[r];
+  return text;
+}
+
+namespace {
+
+std::string str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+double dot_product(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0) return 0;
+  return (a.to(at::kDouble) * b.to(at::kDouble)).sum().item<double>();
+}
+double norm2(const at::Tensor& a) { return a.numel() ? a.to(at::kDouble).pow(2).sum().item<double>() : 0; }
+
+at::Tensor grad_or_zeros(const at::Tensor& x) { return x.grad().defined() ? x.grad() : at::zeros_like(x); }
+
+Tensors all_inputs(const DistributedFunction& f, int ranks, at::ScalarType dtype, uint64_t seed) {
+  Tensors xs;
+  for (int r = 0; r < ranks; ++r) xs.push_back(rank_input(seed, r, f.input_shape(r), dtype));
+  return xs;
+}
+
+// The gradient of a scalar that passes its input on and sends back an
+// undefined gradient (what backward sees where an output reaches no loss).
+struct UndefinedGrad : torch::autograd::Function<UndefinedGrad> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& y) { return y.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list) {
+    return {at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor loss_without_gradient(const at::Tensor& y) { return UndefinedGrad::apply(y).sum(); }
+
+std::string compare(const at::Tensor& got, const at::Tensor& want, const Tolerance& tol) {
+  if (!got.defined()) return "no output";
+  if (got.sizes() != want.sizes())
+    return "shape " + str(got.sizes()) + ", twin " + str(want.sizes());
+  if (got.scalar_type() != want.scalar_type())
+    return std::string("dtype ") + c10::toString(got.scalar_type()) + ", twin " +
+           c10::toString(want.scalar_type());
+  if (got.numel() == 0) return "";
+  if (!at::isFloatingType(want.scalar_type()) || tol.bitwise) {
+    if (!at::equal(got, want)) {
+      std::ostringstream os;
+      os << "values differ" << (tol.bitwise ? " (bitwise)" : "") << ": got "
+         << got.reshape(-1).slice(0, 0, 8) << " want " << want.reshape(-1).slice(0, 0, 8);
+      return os.str();
+    }
+    return "";
+  }
+  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
+  const double scale = std::max(1.0, w.abs().max().item<double>());
+  const double err = (g - w).abs().max().item<double>();
+  if (!(err <= tol.of(want.scalar_type()) * scale)) {
+    std::ostringstream os;
+    os << "values differ by " << err << " (scale " << scale << ", bound "
+       << tol.of(want.scalar_type()) << ")";
+    return os.str();
+  }
+  // An all-zero result where the twin's is not is no pass (a check on zeros
+  // proves nothing), unless the twin's is itself zero within the bound (a
+  // gradient that vanishes in exact arithmetic, left as rounding by the twin).
+  const double bound = tol.of(want.scalar_type()) * scale;
+  if (!g.ne(0).any().item<bool>() && w.abs().max().item<double>() > bound) return "all-zero output";
+  return "";
+}
+
+std::string check_forward(const DistributedFunction& f, at::ScalarType dtype, uint64_t seed,
+                          const Tolerance& tol) {
+  const int me = mpi::world_rank();
+  const Tensors xs = all_inputs(f, mpi::world_size(), dtype, seed);
+  Tensors want;
+  {
+    at::NoGradGuard no_grad;
+    want = f.twin(xs);
+  }
+  const at::Tensor got = f.run(xs[me].clone());
+  const std::string why = compare(got, want.at(me), tol);
+  return why.empty() ? "" : f.name + " forward (" + c10::toString(dtype) + "): " + why;
+}
+
+std::string check_backward(const DistributedFunction& f, at::ScalarType dtype, uint64_t seed,
+                           const std::vector<int>& unused, const Tolerance& tol) {
+  auto is_unused = [&](int r) { return std::find(unused.begin(), unused.end(), r) != unused.end(); };
+  const int me = mpi::world_rank(), p = mpi::world_size();
+  Tensors xs = all_inputs(f, p, dtype, seed), vs;
+  for (auto& x : xs) x.requires_grad_(true);
+  const Tensors outs = f.twin(xs);
+  at::Tensor loss = at::zeros({}, at::kDouble);
+  for (int r = 0; r < p; ++r) {
+    vs.push_back(is_unused(r) ? at::zeros(outs[r].sizes(), outs[r].options().requires_grad(false))
+                              : rank_input(seed + 29, r, outs[r].sizes().vec(), dtype));
+    if (outs[r].requires_grad()) loss = loss + (outs[r].to(at::kDouble) * vs[r].to(at::kDouble)).sum();
+  }
+  at::Tensor want = at::zeros_like(xs[me]);
+  if (loss.requires_grad()) {
+    const auto grads = torch::autograd::grad({loss}, {xs[me]}, {}, false, false, true);
+    if (grads[0].defined()) want = grads[0];
+  }
+  const at::Tensor x = xs[me].detach().clone().requires_grad_(true);
+  const at::Tensor out = f.run(x);
+  if (out.requires_grad()) {
+    if (is_unused(me)) torch::autograd::backward({loss_without_gradient(out)});
+    else torch::autograd::backward({out}, {vs[me]});
+  }
+  const std::string why = compare(grad_or_zeros(x), want.detach(), tol);
+  if (why.empty()) return "";
+  std::string which = f.name + " backward (" + c10::toString(dtype);
+  if (!unused.empty()) {
+    which += ", output unused at rank";
+    for (const int r : unused) which += " " + std::to_string(r);
+  }
+  return which + "): " + why;
+}
+
+std::string check_adjoint(const DistributedFunction& f, uint64_t seed, double* relative_gap,
+                          double bound) {
+  const int me = mpi::world_rank();
+  const at::Tensor x = rank_input(seed, me, f.input_shape(me), at::kDouble).requires_grad_(true);
+  const at::Tensor out = f.run(x);
+  const at::Tensor y = rank_input(seed + 17, me, out.sizes().vec(), at::kDouble);
+  // The identity is taken with the cotangent as drawn: an adjoint that wrote
+  // into the tensor its caller still holds (instead of a copy) could
+  // otherwise keep both sides equal while changing the caller's data.
+  const at::Tensor y_drawn = y.clone();
+  if (out.requires_grad()) torch::autograd::backward({out}, {y});
+  // Agreed on every rank before anything returns: the second pass below is
+  // collective, and an adjoint may change the cotangent on some ranks only.
+  const bool y_kept = all_ranks(y.equal(y_drawn));
+  const at::Tensor gx = grad_or_zeros(x);
+  const double lhs = sum_over_ranks(dot_product(out.detach(), y_drawn));
+  const double rhs = sum_over_ranks(dot_product(x.detach(), gx));
+  const double scale = std::sqrt(sum_over_ranks(norm2(out.detach())) * sum_over_ranks(norm2(y_drawn))) +
+                       std::sqrt(sum_over_ranks(norm2(x.detach())) * sum_over_ranks(norm2(gx)));
+  const double gap = std::abs(lhs - rhs) / std::max(scale, 1e-300);
+  if (relative_gap) *relative_gap = gap;
+  if (!y_kept) return f.name + " backward changed the cotangent its caller holds (on some rank)";
+  // The same cotangent arriving from inside the graph, as in training:
+  // (F(x) * y).sum() hands the node a gradient only it holds, which an
+  // adjoint may work on in place; it must give the same gradient.
+  {
+    const at::Tensor x2 = rank_input(seed, me, f.input_shape(me), at::kDouble).requires_grad_(true);
+    const at::Tensor out2 = f.run(x2);
+    if (out2.requires_grad()) (out2 * y_drawn).sum().backward();
+    const at::Tensor gx2 = grad_or_zeros(x2);
+    if (!at::allclose(gx2, gx, 1e-13, 1e-13))
+      return f.name + " backward of a gradient made inside the graph differs from that of the "
+                      "same cotangent passed to backward() (max difference " +
+             std::to_string((gx2 - gx).abs().max().item<double>()) + " on rank " +
+             std::to_string(me) + ")";
+  }
+  if (scale == 0) return f.name + " adjoint: every norm is zero (nothing was checked)";
+  if (!(gap <= bound)) {
+    std::ostringstream os;
+    os << f.name << " adjoint identity: <F x, y> = " << lhs << ", <x, F* y> = " << rhs
+       << " (relative gap " << gap << ", bound " << bound << ")";
+    return os.str();
+  }
+  return "";
+}
+
+std::string check_unused_output(const DistributedFunction& f, uint64_t seed, bool require_defined) {
+  const int me = mpi::world_rank();
+  const at::Tensor x = rank_input(seed, me, f.input_shape(me), at::kDouble).requires_grad_(true);
+  const at::Tensor out = f.run(x);
+  if (out.requires_grad()) torch::autograd::backward({loss_without_gradient(out)});
+  if (!x.grad().defined()) {
+    if (require_defined && out.requires_grad())
+      return f.name + " with an output that reaches no loss: the input's gradient is undefined "
+                      "(PyTorch's custom Functions, and so DistDL, give zeros)";
+    return "";
+  }
+  if (x.grad().sizes() != x.sizes())
+    return f.name + " with an output that reaches no loss: gradient of shape " + str(x.grad().sizes()) +
+           " for an input of shape " + str(x.sizes());
+  if (x.grad().numel() && x.grad().ne(0).any().item<bool>()) {
+    std::ostringstream os;
+    os << f.name << " with an output that reaches no loss: the input's gradient is not zero (max |g| "
+       << x.grad().abs().max().item<double>() << ")";
+    return os.str();
+  }
+  return "";
+}
+
+std::string check_finite_differences(const DistributedFunction& f, uint64_t seed, int cotangents) {
+  const int me = mpi::world_rank(), p = mpi::world_size();
+  const at::Tensor x0 = rank_input(seed, me, f.input_shape(me), at::kDouble);
+  std::ostringstream problems;
+  for (int k = 0; k < cotangents; ++k) {
+    at::Tensor v;
+    auto loss = [&](const at::Tensor& x) {  // sum over ranks of <F(x)_r, v_r>
+      at::NoGradGuard no_grad;
+      const at::Tensor out = f.run(x);
+      if (!v.defined()) v = rank_input(seed + 101 + k, me, out.sizes().vec(), at::kDouble);
+      return sum_over_ranks(dot_product(out, v));
+    };
+    loss(x0);  // draws v
+    const at::Tensor x = x0.clone().requires_grad_(true);
+    const at::Tensor out = f.run(x);
+    if (out.requires_grad()) torch::autograd::backward({out}, {v});
+    const at::Tensor g = grad_or_zeros(x);
+    // Every rank walks every rank's elements in lockstep; only the owner
+    // perturbs and compares.
+    int64_t most = x0.numel();
+    MPI_Request req;
+    PARTITA_MPI_CHECK(
+        MPI_Iallreduce(MPI_IN_PLACE, &most, 1, MPI_INT64_T, MPI_MAX, harness_comm(), &req));
+    mpi::wait(req, "check_finite_differences");
+    constexpr double eps = 1e-6, atol = 1e-5, rtol = 1e-3;
+    int bad = 0;
+    for (int r = 0; r < p; ++r) {
+      for (int64_t i = 0; i < most; ++i) {
+        const bool mine = r == me && i < x0.numel();
+        at::Tensor xp = x0.clone(), xm = x0.clone();
+        if (mine) {
+          xp.view(-1)[i] += eps;
+          xm.view(-1)[i] -= eps;
+        }
+        const double up = loss(xp);
+        const double down = loss(xm);
+        if (!mine) continue;
+        const double numeric = (up - down) / (2 * eps);
+        const double analytic = g.view(-1)[i].item<double>();
+        if (std::abs(numeric - analytic) > atol + rtol * std::abs(numeric) && bad++ < 3)
+          problems << f.name << " gradient of element " << i << " (cotangent " << k
+                   << "): backward " << analytic << ", finite differences " << numeric << "; ";
+      }
+    }
+  }
+  return problems.str();
+}
+
+void check_all(const DistributedFunction& f, uint64_t seed, Verdict& v, const CheckOptions& o) {
+  for (const auto dtype : o.dtypes) {
+    if (o.forward) v.expect_empty(check_forward(f, dtype, seed, o.tolerance));
+    if (o.backward && at::isFloatingType(dtype))
+      v.expect_empty(check_backward(f, dtype, seed, {}, o.tolerance));
+  }
+  if (o.backward && mpi::world_size() > 1)  // rank 0's output reaches no loss
+    v.expect_empty(check_backward(f, at::kDouble, seed, {0}, o.tolerance));
+  if (o.adjoint) v.expect_empty(check_adjoint(f, seed));
+  if (o.unused_output) v.expect_empty(check_unused_output(f, seed));
+  if (o.finite_differences) v.expect_empty(check_finite_differences(f, seed));
+}
+
+}  // namespace partita::testing

@@ -1,0 +1,118 @@
+// partita::testing's own checks must be able to fail (issue 30): each check
+// of checks.hpp against a correct distributed function and against one with
+// the kind of bug it is there to catch; the lockstep harness against a
+// function that deadlocks in one case. Every verdict is agreed on every rank.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "partita/mpi/communicator.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/testing/checks.hpp"
+#include "partita/testing/lockstep.hpp"
+
+namespace partita::testing {
+namespace {
+
+using Comm = mpi::Communicator;
+
+// allreduce(x, SUM) with a hand-written backward that can be made wrong.
+enum class Bug { none, doubled_gradient, writes_cotangent, ones_when_unused, undefined_when_unused };
+struct Summed : torch::autograd::Function<Summed> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t bug) {
+    ctx->saved_data["bug"] = bug;
+    if (static_cast<Bug>(bug) == Bug::undefined_when_unused) ctx->set_materialize_grads(false);
+    return Comm::world().allreduce(x, ReduceOp::kSum).detach();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    const auto bug = static_cast<Bug>(ctx->saved_data["bug"].toInt());
+    if (!g[0].defined()) return {at::Tensor(), at::Tensor()};
+    if (bug == Bug::ones_when_unused && !g[0].ne(0).any().item<bool>())
+      return {at::ones_like(g[0]), at::Tensor()};
+    at::Tensor gx = Comm::world().allreduce(g[0], ReduceOp::kSum).detach();
+    if (bug == Bug::doubled_gradient) gx = gx * 2;
+    if (bug == Bug::writes_cotangent) g[0].mul_(1.5);  // the caller's tensor
+    return {gx, at::Tensor()};
+  }
+};
+
+// The function and its twin (every output is the sum of every input).
+DistributedFunction summed(Bug bug, bool wrong_forward = false) {
+  return {"summed",
+          [bug, wrong_forward](const at::Tensor& x) {
+            at::Tensor y = Summed::apply(x, static_cast<int64_t>(bug));
+            if (wrong_forward && mpi::world_rank() == mpi::world_size() - 1) y = y + 1e-6;
+            return y;
+          },
+          [](const Tensors& xs) {
+            at::Tensor s = at::zeros_like(xs[0]);
+            for (const auto& x : xs) s = s + x;
+            return Tensors(xs.size(), s);
+          },
+          [](int) { return Shape{3, 2}; }};
+}
+
+TEST(Checks, PassACorrectFunction) {
+  PARTITA_EXPECT_AGREED(check_forward(summed(Bug::none), at::kDouble, 1));
+  PARTITA_EXPECT_AGREED(check_forward(summed(Bug::none), at::kInt, 2));
+  PARTITA_EXPECT_AGREED(check_backward(summed(Bug::none), at::kFloat, 3));
+  PARTITA_EXPECT_AGREED(check_backward(summed(Bug::none), at::kDouble, 3, {0}));
+  PARTITA_EXPECT_AGREED(check_adjoint(summed(Bug::none), 4));
+  PARTITA_EXPECT_AGREED(check_unused_output(summed(Bug::none), 5));
+  PARTITA_EXPECT_AGREED(check_finite_differences(summed(Bug::none), 6));
+  Verdict v;
+  check_all(summed(Bug::none), 7, v);
+  PARTITA_EXPECT_AGREED(v.message());
+}
+
+// Each bug fails the check meant for it, on every rank.
+TEST(Checks, FailWhereTheyShould) {
+  EXPECT_NE(agree(check_forward(summed(Bug::none, true), at::kDouble, 1)), "");
+  EXPECT_NE(agree(check_backward(summed(Bug::doubled_gradient), at::kDouble, 1)), "");
+  EXPECT_NE(agree(check_adjoint(summed(Bug::doubled_gradient), 1)), "");
+  EXPECT_NE(agree(check_finite_differences(summed(Bug::doubled_gradient), 1)), "");
+  const std::string kept = agree(check_adjoint(summed(Bug::writes_cotangent), 1));
+  EXPECT_NE(kept.find("changed the cotangent"), std::string::npos) << kept;
+  EXPECT_NE(agree(check_unused_output(summed(Bug::ones_when_unused), 1)), "");
+  const std::string undefined = agree(check_unused_output(summed(Bug::undefined_when_unused), 1));
+  EXPECT_NE(undefined.find("undefined"), std::string::npos) << undefined;
+  // A 1e-6 forward error passes a stated float32 tolerance and fails bitwise.
+  Tolerance loose;
+  loose.float64 = 1e-3;
+  EXPECT_EQ(agree(check_forward(summed(Bug::none, true), at::kDouble, 1, loose)), "");
+}
+
+struct Seeded {
+  explicit Seeded(int v) : value(v) {}
+  int value;
+};
+std::ostream& operator<<(std::ostream& os, const Seeded& s) { return os << "{\"value\": " << s.value << "}"; }
+
+// A function that deadlocks in some cases (rank 0 skips the collective)
+// fails those cases within the deadline, with a replay line, and the cases
+// and properties after it run.
+TEST(Lockstep, ADeadlockFailsItsCaseAndTheNextRuns) {
+  if (mpi::world_size() < 2) GTEST_SKIP() << "a deadlock needs two ranks";
+  if (mpi::deadline() <= 0) GTEST_SKIP() << "PARTITA_DEADLINE is not set";
+  auto run = [](const Seeded& s, Verdict& v) {
+    at::Tensor want = at::zeros({4}, at::kDouble);
+    for (int r = 0; r < mpi::world_size(); ++r) want += rank_input(s.value, r, {4}, at::kDouble);
+    if (s.value >= 7 && mpi::world_rank() == 0) return;  // the bug: no allreduce here
+    const at::Tensor x = rank_input(s.value, mpi::world_rank(), {4}, at::kDouble);
+    v.expect_empty(compare(Comm::world().allreduce(x, ReduceOp::kSum), want));
+  };
+  std::string report;
+  const auto gen = rc::gen::construct<Seeded>(rc::gen::inRange(0, 10));
+  EXPECT_FALSE(check_lockstep<Seeded>("deadlocks from 7", gen, run, &report));
+  if (mpi::world_rank() == 0) {
+    EXPECT_NE(report.find("replay: RC_PARAMS=\"seed="), std::string::npos) << report;
+    EXPECT_NE(report.find("deadlocks from 7"), std::string::npos) << report;
+  }
+  const auto small = rc::gen::construct<Seeded>(rc::gen::inRange(0, 7));
+  EXPECT_TRUE(check_lockstep<Seeded>("never deadlocks", small, run));
+}
+
+}  // namespace
+}  // namespace partita::testing
