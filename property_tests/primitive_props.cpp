@@ -1,7 +1,7 @@
 // Lockstep properties of the data-movement primitives and the Linear
 // layers: for random cases,
 // every rank's MPI forward and backward equal the reference's for that rank,
-// and the adjoint identity holds for both (tools/case_runner.cpp decides).
+// and the adjoint identity holds for both (testing/src/case_runner.cpp decides).
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
