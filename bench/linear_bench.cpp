@@ -32,6 +32,7 @@
 #include "paired.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/nn/linear.hpp"
+#include "partita/testing/primitive_table.hpp"
 
 namespace partita::bench {
 namespace {
@@ -278,17 +279,13 @@ PARTITA_LINEAR_BENCH(linear_reduce_scatter_zero)
 }  // namespace
 
 const std::map<std::string, std::string>& linear_twins() {
+  // The layers' twins are the case runner's table's (primitive_table.hpp).
   static const std::map<std::string, std::string> twins = [] {
     std::map<std::string, std::string> t;
-    const std::pair<const char*, const char*> fwd[] = {
-        {"linear", "GEMM + MPI_Bcast (columns) + MPI_Reduce (rows)"},
-        {"linear_all_gather", "MPI_Allgather + GEMM"},
-        {"linear_reduce_scatter", "GEMM + MPI_Reduce_scatter_block"},
-        {"linear_all_gather_zero", "MPI_Allgather (W shards, x) + GEMM"},
-        {"linear_reduce_scatter_zero", "MPI_Allgather (W shards) + GEMM + MPI_Reduce_scatter_block"}};
-    for (const auto& [k, v] : fwd) {
-      t[std::string(k) + "_fwd"] = v;
-      t[std::string(k) + "_fwdbwd"] = std::string(v) + ", then its adjoint collectives + 2 GEMMs";
+    for (const auto& e : partita::testing::primitive_table()) {
+      if (!e.linear) continue;
+      t[e.name + "_fwd"] = e.twin_fwd;
+      t[e.name + "_fwdbwd"] = e.twin_fwdbwd;
     }
     return t;
   }();

@@ -48,6 +48,7 @@
 #include "partita/nn/halo_exchange.hpp"
 #include "partita/nn/repartition.hpp"
 #include "partita/nn/sum_reduce.hpp"
+#include "partita/testing/primitive_table.hpp"
 
 namespace {
 
@@ -487,28 +488,29 @@ BENCHMARK(halo_exchange_autograd_floor_fwdbwd)->Apply(sizes);
 BENCHMARK(halo_exchange_inplace_adj)->Apply(sizes);
 BENCHMARK(repartition_p2p_vs_alltoallw)->Apply(sizes);
 
-// Each benchmark's raw-MPI twin, recorded in the JSON context.
-const std::map<std::string, std::string> kTwins = {
-    {"broadcast_fwd", "MPI_Bcast"},
-    {"broadcast_fwdbwd", "MPI_Bcast + MPI_Reduce"},
-    {"sum_reduce_fwd", "MPI_Reduce"},
-    {"sum_reduce_fwdbwd", "MPI_Reduce + MPI_Bcast"},
-    {"all_sum_reduce_fwd", "MPI_Allreduce"},
-    {"all_sum_reduce_fwdbwd", "2 x MPI_Allreduce"},
-    {"all_gather_fwd", "MPI_Allgather"},
-    {"reduce_scatter_fwd", "MPI_Reduce_scatter"},
-    {"repartition_fwd", "MPI_Alltoallv (contiguous blocks)"},
-    {"repartition_packed_fwd", "pack column blocks + MPI_Alltoallv into the output"},
-    {"repartition_packed_fwdbwd", "packed MPI_Alltoallv, then the reverse MPI_Alltoallv + unpack"},
-    {"all_gather_fwdbwd", "MPI_Allgather + MPI_Reduce_scatter"},
-    {"reduce_scatter_fwdbwd", "MPI_Reduce_scatter + MPI_Allgather"},
-    {"repartition_p2p_vs_alltoallw", "partita's MPI_Ialltoallw exchange"},
-    {"halo_exchange_fwd", "2 x MPI_Sendrecv (in place)"},
-    {"halo_exchange_inplace_fwd", "2 x MPI_Sendrecv (in place)"},
-    {"halo_exchange_inplace_fwdbwd", "2 x MPI_Sendrecv, y*c summed, 2 x MPI_Sendrecv + add (adjoint)"},
-    {"halo_exchange_autograd_floor_fwdbwd", "the same twin as halo_exchange_inplace_fwdbwd (ours: the user graph's autograd alone, no exchange)"},
-    {"halo_exchange_inplace_adj", "2 x MPI_Sendrecv + add (the adjoint; ours: the halo's node applied, no engine)"},
-};
+// Each benchmark's raw-MPI twin, recorded in the JSON context: those of
+// `<primitive>_fwd` and `<primitive>_fwdbwd` from the case runner's table
+// (primitive_table.hpp), the variants' here.
+const std::map<std::string, std::string>& twins() {
+  static const std::map<std::string, std::string> t = [] {
+    std::map<std::string, std::string> m = {
+        {"repartition_packed_fwd", "pack column blocks + MPI_Alltoallv into the output"},
+        {"repartition_packed_fwdbwd", "packed MPI_Alltoallv, then the reverse MPI_Alltoallv + unpack"},
+        {"repartition_p2p_vs_alltoallw", "partita's MPI_Ialltoallw exchange"},
+        {"halo_exchange_inplace_fwd", "2 x MPI_Sendrecv (in place)"},
+        {"halo_exchange_inplace_fwdbwd", "2 x MPI_Sendrecv, y*c summed, 2 x MPI_Sendrecv + add (adjoint)"},
+        {"halo_exchange_autograd_floor_fwdbwd", "the same twin as halo_exchange_inplace_fwdbwd (ours: the user graph's autograd alone, no exchange)"},
+        {"halo_exchange_inplace_adj", "2 x MPI_Sendrecv + add (the adjoint; ours: the halo's node applied, no engine)"},
+    };
+    for (const auto& e : partita::testing::primitive_table()) {
+      if (e.linear) continue;  // linear_bench.cpp's
+      if (!e.twin_fwd.empty()) m[e.name + "_fwd"] = e.twin_fwd;
+      if (!e.twin_fwdbwd.empty()) m[e.name + "_fwdbwd"] = e.twin_fwdbwd;
+    }
+    return m;
+  }();
+  return t;
+}
 
 class NullReporter : public benchmark::BenchmarkReporter {
  public:
@@ -546,7 +548,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("mpi_library", first_line);
   benchmark::AddCustomContext("libtorch", TORCH_VERSION);
   benchmark::AddCustomContext("ranks", std::to_string(world_size()));
-  for (const auto& [name, twin] : kTwins) benchmark::AddCustomContext("twin:" + name, twin);
+  for (const auto& [name, twin] : twins()) benchmark::AddCustomContext("twin:" + name, twin);
   for (const auto& [name, twin] : partita::bench::communicator_twins())
     benchmark::AddCustomContext("twin:" + name, twin);
   for (const auto& [name, twin] : partita::bench::linear_twins())

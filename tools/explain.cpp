@@ -13,13 +13,18 @@
 #include "partita/reference/partition.hpp"
 #include "partita/cli.hpp"
 #include "partita/tiling.hpp"
+#include "partita/testing/primitive_table.hpp"
 
 namespace partita::tools {
+
+using testing::ExplainView;
+using testing::primitive_table;
 
 namespace {
 
 struct Options {
-  std::string primitive;
+  std::string primitive;  // the subcommand: broadcast, sum-reduce, ...
+  ExplainView view = ExplainView::kNone;  // what its table entry says to show
   Ranks px_ranks, py_ranks;
   Shape px_shape, py_shape, global_shape;
   std::vector<int> axes;
@@ -35,6 +40,8 @@ struct Given {
 Options options_of(const std::string& primitive, const Given& g) {
   Options o;
   o.primitive = primitive;
+  for (const auto& e : primitive_table())
+    if (e.explain_command == primitive) o.view = e.explain;
   o.px_ranks = parse_ranks(g.px_ranks);
   o.px_shape = parse_shape(g.px_shape);
   if (!g.py_ranks.empty()) o.py_ranks = parse_ranks(g.py_ranks);
@@ -72,7 +79,7 @@ Tables build(const Options& o) {
   const auto px = cartesian(world, o.px_ranks, o.px_shape);
   Tables t;
   std::set<int> workers(o.px_ranks.begin(), o.px_ranks.end());
-  if (o.primitive == "all-sum-reduce") {
+  if (o.view == ExplainView::kAllReduction) {
     const auto fam = px.create_allreduction_partition(o.axes);
     t.parts = fam.parts;
     t.rooted = false;
@@ -120,7 +127,7 @@ void print_row(std::ostream& out, const std::vector<std::string>& cells, size_t 
 void print_text(const Options& o, const Tables& t, std::ostream& out) {
   out << o.primitive << ": P_x " << shape_string(o.px_shape) << " on workers "
       << ranks_text(o.px_ranks);
-  if (o.primitive == "all-sum-reduce") {
+  if (o.view == ExplainView::kAllReduction) {
     out << ", reduced over dimensions {" << ranks_text(Ranks(o.axes.begin(), o.axes.end()))
         << "}";
   } else {
@@ -158,7 +165,7 @@ void print_json(const Options& o, const Tables& t, std::ostream& out) {
   px["ranks"] = json::Value(o.px_ranks);
   px["shape"] = json::Value(o.px_shape);
   doc["P_x"] = px;
-  if (o.primitive == "all-sum-reduce") {
+  if (o.view == ExplainView::kAllReduction) {
     doc["axes"] = json::Value(o.axes);
   } else {
     json::Value py;
@@ -292,7 +299,7 @@ namespace {
 
 int explain(const Options& o, std::ostream& out, std::ostream& err) {
   try {
-    if (o.primitive == "repartition") {
+    if (o.view == ExplainView::kRepartition) {
       const auto lists = repartition_lists(o);
       if (o.json) print_repartition_json(o, lists, out);
       else print_repartition_text(o, lists, out);
@@ -338,21 +345,25 @@ void add_explain(CLI::App& app, std::function<int()>& action) {
         ->check(cli::ranks_list());
     c->add_option("--py-shape", given->py_shape, "shape of P_y")->required()->check(cli::shape_list());
   };
-  for (const char* name : {"broadcast", "sum-reduce"}) {
-    CLI::App* c = primitive(name, std::string(name) + " from P_x to P_y: the teams and each worker's place in them");
-    partner(c);
-    c->add_flag("--transpose-src", given->transpose_src, "P_x's shape is read reversed");
-    c->add_flag("--transpose-dest", given->transpose_dest, "P_y's shape is read reversed");
+  // One subcommand per primitive the table gives a view (primitive_table.hpp).
+  for (const auto& e : primitive_table()) {
+    if (e.explain == ExplainView::kNone) continue;
+    CLI::App* c = primitive(e.explain_command, e.explain_help);
+    if (e.explain == ExplainView::kTeams) {
+      partner(c);
+      c->add_flag("--transpose-src", given->transpose_src, "P_x's shape is read reversed");
+      c->add_flag("--transpose-dest", given->transpose_dest, "P_y's shape is read reversed");
+    } else if (e.explain == ExplainView::kAllReduction) {
+      c->add_option("--axes", given->axes, "the dimensions reduced over (may be empty: \"\")")
+          ->required()
+          ->check(cli::ranks_list() | CLI::IsMember({""}));
+    } else if (e.explain == ExplainView::kRepartition) {
+      partner(c);
+      c->add_option("--global-shape", given->global_shape, "the global tensor's shape")
+          ->required()
+          ->check(cli::shape_list());
+    }
   }
-  CLI::App* asr = primitive("all-sum-reduce", "all-sum-reduce over some of P_x's dimensions");
-  asr->add_option("--axes", given->axes, "the dimensions reduced over (may be empty: \"\")")
-      ->required()
-      ->check(cli::ranks_list() | CLI::IsMember({""}));
-  CLI::App* rep = primitive("repartition", "repartition from P_x to P_y: who sends what to whom");
-  partner(rep);
-  rep->add_option("--global-shape", given->global_shape, "the global tensor's shape")
-      ->required()
-      ->check(cli::shape_list());
   add_explain_smp(*group, action);
 }
 

@@ -2,6 +2,8 @@
 
 #include "partita/testing/checks.hpp"
 
+#include "partita/testing/primitive_table.hpp"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -11,21 +13,8 @@
 
 #include "partita/errors.hpp"
 #include "partita/mpi/runtime.hpp"
-#include "partita/nn/all_gather.hpp"
-#include "partita/nn/all_sum_reduce.hpp"
-#include "partita/nn/broadcast.hpp"
-#include "partita/nn/halo_exchange.hpp"
 #include "partita/nn/linear.hpp"
-#include "partita/nn/repartition.hpp"
-#include "partita/nn/sum_reduce.hpp"
-#include "partita/reference/all_gather.hpp"
-#include "partita/reference/all_sum_reduce.hpp"
-#include "partita/reference/reduce_scatter.hpp"
-#include "partita/reference/broadcast.hpp"
-#include "partita/reference/halo_exchange.hpp"
 #include "partita/reference/linear.hpp"
-#include "partita/reference/repartition.hpp"
-#include "partita/reference/sum_reduce.hpp"
 #include "partita/tensor_rules.hpp"
 
 namespace partita::testing {
@@ -194,33 +183,267 @@ std::pair<at::Tensor, at::Tensor> linear_parameters(const Case& c, int64_t in) {
   return {W, b};
 }
 
-// The Linear layer a case names, built from MPI partitions.
-std::shared_ptr<nn::DistributedLinearBase> make_linear(const Case& c, int64_t in,
-                      const std::function<mpi::Partition(const PartitionSpec&)>& part) {
-  nn::LinearOptions o;
-  o.bias = c.bias;
-  o.dtype = parse_dtype(c.dtype);
-  const auto px = part(c.P_x);
-  const auto py = c.P_y ? part(*c.P_y) : mpi::Partition();
-  const auto kind = reference::linear_kind(c.primitive);
-  using K = reference::LinearKind;
-  // The all-gather layers take P_y first and P_x as the option (x split
-  // along the tokens); without P_y the single form is P_x alone.
-  const auto& first = c.P_y ? py : px;
-  const auto second = c.P_y ? px : mpi::Partition();
-  switch (kind) {
-    case K::General:
-      return nn::DistributedLinear(px, py, part(*c.P_W), in, c.out_features, o).ptr();
-    case K::AllGather:
-      return nn::DistributedLinearAllGather(first, in, c.out_features, o, second).ptr();
-    case K::AllGatherZero:
-      return nn::DistributedLinearAllGatherZero(first, in, c.out_features, o, second).ptr();
-    case K::ReduceScatter:
-      return nn::DistributedLinearReduceScatter(px, in, c.out_features, o, py).ptr();
-    case K::ReduceScatterZero:
-      return nn::DistributedLinearReduceScatterZero(px, in, c.out_features, o, py).ptr();
+// A run of one case on this rank: the entry's two sides and what each gave.
+struct Run {
+  Run(const Case& c, const PrimitiveEntry& entry, CaseContext ctx)
+      : c(c), entry(entry), ctx(std::move(ctx)) {}
+  const Case& c;
+  const PrimitiveEntry& entry;
+  CaseContext ctx;
+  int world = 0, me = 0;
+  at::ScalarType dtype = at::kDouble;
+  bool differentiable = false;
+  reference::Tensors xr, yr, dyr, magnitudes;  // every worker's, emulated here
+  std::string expected_class;                  // the reference's error class
+  std::string mpi_error, mpi_class;            // this rank's MPI error
+  MpiLayer layer;
+  at::Tensor y, first_y;                       // this rank's MPI output (second and first call)
+  std::vector<std::string> problems;
+};
+
+// Inputs of every worker (each rank emulates the whole world), this rank's
+// copy for the MPI side, and the Linear layers' global parameters (the same
+// on every rank).
+void draw_inputs(Run& r, CaseOutcome& out) {
+  const Case& c = r.c;
+  r.xr.resize(r.world);
+  for (int w = 0; w < r.world; ++w) {
+    r.xr[w] = case_input(c, w);
+    if (r.differentiable) r.xr[w].requires_grad_(true);
   }
-  throw Error("no layer " + c.primitive);
+  out.x = r.xr[r.me].detach().clone();
+  if (r.differentiable) out.x.requires_grad_(true);
+  if (r.entry.linear) {
+    r.ctx.in = c.in_features ? c.in_features : c.global_shape->back();
+    std::tie(r.ctx.W0, r.ctx.b0) = linear_parameters(c, r.ctx.in);
+    r.ctx.Wr = r.ctx.W0.clone().requires_grad_(true);
+    if (r.ctx.b0.defined()) r.ctx.br = r.ctx.b0.clone().requires_grad_(true);
+  }
+}
+
+// The reference, forward (its backward comes from autograd later); for the
+// sums of floats also the same sum over the terms' magnitudes, which scales
+// the tolerance. A rejected case leaves its error and class.
+void reference_forward(Run& r, CaseOutcome& out) {
+  try {
+    r.yr = r.entry.reference(r.ctx, r.xr);
+    if (r.entry.forward == Moves::kSums && !r.entry.linear && at::isFloatingType(r.dtype)) {
+      reference::Tensors abs_x;
+      for (const auto& x : r.xr) abs_x.push_back(x.defined() ? x.detach().abs() : x);
+      r.magnitudes = r.entry.reference(r.ctx, abs_x);
+    }
+  } catch (const Error& e) {
+    out.expected_error = e.what();
+    r.expected_class = error_class(e);
+  }
+}
+
+// The MPI implementation: construction and forward. Every layer is called
+// twice with the same inputs (issue 15, plans made once): the second call
+// reuses the plan the first one made and checked, and is the one whose
+// output and backward are checked; the first call's output must equal it
+// bit for bit (its graph is dropped unused).
+void mpi_forward(Run& r, const CaseOutcome& out) {
+  try {
+    r.layer = r.entry.mpi(r.ctx);
+    r.first_y = r.layer.call(out.x).detach().clone();
+    r.y = r.layer.call(out.x);
+  } catch (const Error& e) {
+    r.mpi_error = e.what();
+    r.mpi_class = error_class(e);
+  }
+}
+
+// The case the reference rejects: every rank of the layer must raise the
+// same class naming the same rule (issue 9); a rank in neither partition
+// takes no part in the layer and may go on.
+void judge_rejected(const Run& r, CaseOutcome& out) {
+  const Case& c = r.c;
+  bool involved = std::count(c.P_x.ranks.begin(), c.P_x.ranks.end(), r.me) > 0;
+  for (const auto* P : {&c.P_y, &c.P_W})
+    if (*P) involved = involved || listed((*P)->ranks, r.me);
+  // An error without a rule code cannot show that both sides rejected the
+  // case for one reason.
+  const bool same_class = r.mpi_class == r.expected_class &&
+                          r.expected_class.find("[no rule]") == std::string::npos;
+  const bool raised = !r.mpi_error.empty();
+  out.ok = (raised && same_class) || (!raised && !involved);
+  out.summary =
+      raised && same_class ? "both raised " + r.mpi_class + ": " + r.mpi_error
+      : raised ? "the reference raised " + r.expected_class + " '" + out.expected_error +
+                     "' but MPI raised " + r.mpi_class + " '" + r.mpi_error + "'"
+      : out.ok ? "not involved; the reference raised: " + out.expected_error
+               : "the reference raised '" + out.expected_error + "' but MPI did not";
+}
+
+// Copies are bit-identical in any dtype; every result is with integer
+// fills (exact sums); only sums of random normal values get a tolerance.
+// (Without a seed the inputs are arange + 1000 r: integers that float32
+// and float64 sum exactly, the 16-bit types do not.)
+Compare sums_compare(const Run& r) {
+  const bool exact_sums = r.c.data_seed ? r.c.fill == "integers"
+                                        : r.dtype != at::kHalf && r.dtype != at::kBFloat16;
+  return exact_sums ? Compare::Exact : Compare::Elementwise;
+}
+
+// The forward output against the reference's, the second call against the
+// first, and where the output lives (new storage, or the in-place input's).
+void check_forward(Run& r, const CaseOutcome& out) {
+  std::string why;
+  const Compare how = r.entry.forward == Moves::kCopies ? Compare::Exact : sums_compare(r);
+  if (!close(out.y, r.yr[r.me].detach(), how, &why,
+             r.magnitudes.empty() ? at::Tensor() : r.magnitudes[r.me].detach()))
+    r.problems.push_back("forward " + why);
+  if (!same_bits(r.first_y, out.y))
+    r.problems.push_back("a second call with the same inputs (its plan reused) differs from the first");
+  if (r.layer.written) {
+    if (out.y.numel() > 0 && out.y.data_ptr() != r.layer.written->data_ptr())
+      r.problems.push_back("in_place: the forward output is not the input's storage");
+  } else if (out.y.numel() > 0 && out.x.numel() > 0 && out.y.data_ptr() == out.x.data_ptr()) {
+    r.problems.push_back("forward output shares the input's storage (in place)");
+  }
+}
+
+// Backward on both sides: the reference through autograd over the whole
+// emulated world, MPI on every rank; the input gradients compared. Returns
+// the reference's input gradients.
+reference::Tensors check_backward(Run& r, CaseOutcome& out) {
+  const Case& c = r.c;
+  r.dyr.resize(r.world);
+  for (int w = 0; w < r.world; ++w)
+    r.dyr[w] = listed(c.unused_outputs, w) ? at::zeros_like(r.yr[w].detach())
+                                           : case_cotangent(c, w, r.yr[w].sizes());
+  // Reference backward: one scalar over the whole emulated world.
+  at::Tensor total = at::zeros({}, at::kDouble);
+  for (int w = 0; w < r.world; ++w)
+    if (r.yr[w].requires_grad())
+      total = total + (r.yr[w].to(at::kDouble) * r.dyr[w].to(at::kDouble)).sum();
+  if (total.requires_grad()) total.backward();
+  reference::Tensors dxr(r.world);
+  for (int w = 0; w < r.world; ++w)
+    dxr[w] = r.xr[w].grad().defined() ? r.xr[w].grad() : at::zeros_like(r.xr[w]);
+  // MPI backward, on every rank.
+  if (r.y.requires_grad()) {
+    if (listed(c.unused_outputs, r.me))
+      torch::autograd::backward({loss_without_gradient(r.y)});
+    else if (r.layer.written)  // a gradient nobody else holds: the adjoint may reuse it
+      (r.y * r.dyr[r.me]).sum().backward();
+    else
+      torch::autograd::backward({r.y}, {r.dyr[r.me]});
+  }
+  out.dx = out.x.grad().defined() ? out.x.grad() : at::zeros_like(out.x);
+  // (scale_backward divides before the adjoint sums: quotients added in
+  // another order differ in the last bits.)
+  const bool scaled = c.distdl && !c.distdl->scale_backward.empty();
+  const auto how = r.entry.exact_backward ? Compare::Exact
+                   : scaled               ? Compare::Elementwise
+                                          : sums_compare(r);
+  std::string why;
+  if (!close(out.dx, dxr[r.me], how, &why)) r.problems.push_back("backward " + why);
+  return dxr;
+}
+
+// This rank's parameters and their gradients (the Linear layers).
+struct LocalParameters {
+  at::Tensor W, dW, b, db;
+};
+
+// The Linear layers: each rank stores the block of W and b the reference
+// says, and its gradients are the global gradients' blocks.
+LocalParameters check_parameters(Run& r) {
+  LocalParameters p;
+  if (!r.layer.linear) return p;
+  const auto& L = *r.layer.linear;
+  const auto wb = L.weight_block();
+  const auto bb = L.bias_block();
+  const reference::ParameterBlock got{wb[0], wb[1], wb[2], wb[3], bb[0], bb[1]};
+  const auto want = reference::parameter_block(r.ctx.rlayer, r.me);
+  auto block = [](const reference::ParameterBlock& q) {
+    std::ostringstream os;
+    os << "W rows [" << q.r0 << ", " << q.r0 + q.rn << ") cols [" << q.c0 << ", " << q.c0 + q.cn
+       << "), b [" << q.b0 << ", " << q.b0 + q.bn << ")";
+    return os.str();
+  };
+  if (!(got == want))
+    r.problems.push_back("stores " + block(got) + ", the reference " + block(want));
+  auto grad_or_zero = [](const at::Tensor& t) {
+    return t.grad().defined() ? t.grad() : at::zeros_like(t);
+  };
+  const Compare sums = sums_compare(r);
+  std::string why;
+  if (want.rn * want.cn > 0 && L.local_weight().defined()) {
+    p.W = L.local_weight().detach();
+    p.dW = grad_or_zero(L.local_weight());
+    const at::Tensor dW = grad_or_zero(r.ctx.Wr).slice(0, want.r0, want.r0 + want.rn)
+                              .slice(1, want.c0, want.c0 + want.cn);
+    if (!close(p.dW, dW, sums, &why)) r.problems.push_back("weight gradient " + why);
+  }
+  if (want.bn > 0 && L.local_bias().defined()) {
+    p.b = L.local_bias().detach();
+    p.db = grad_or_zero(L.local_bias());
+    if (!close(p.db, grad_or_zero(r.ctx.br).slice(0, want.b0, want.b0 + want.bn), sums, &why))
+      r.problems.push_back("bias gradient " + why);
+  }
+  return p;
+}
+
+// Adjoint identity, summed over all workers: MPI (reduced) and reference.
+// <y, dy> = factor <x, dx> + <b, db> (in x) and <W, dW> + <b, db> (in W,
+// the Linear layers), the parameters counted once, where they are stored.
+// Sets out's two gaps.
+void check_adjoint(Run& r, CaseOutcome& out, const reference::Tensors& dxr,
+                   const LocalParameters& p) {
+  const Case& c = r.c;
+  const Dots mine = Dots::of(out.y, r.dyr[r.me], out.x.detach(), out.dx, p.W, p.dW, p.b, p.db);
+  Dots global;
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Iallreduce(mine.v, global.v, Dots::kCount, MPI_DOUBLE, MPI_SUM,
+                                   mpi::world_comm(), &req));
+  mpi::wait(req, "run_case adjoint");
+  // AllGather's scale_backward makes backward the adjoint divided by the
+  // factor: the identity is <F x, y> = factor * <x, B y>.
+  double factor = 1;
+  if (c.distdl)
+    for (int d : c.distdl->scale_backward) factor *= static_cast<double>(c.P_x.shape.at(d));
+  Dots ref;
+  for (int w = 0; w < r.world; ++w)
+    ref += Dots::of(r.yr[w].detach(), r.dyr[w], r.xr[w].detach(), dxr[w], {}, {}, {}, {});
+  const auto& Wr = r.ctx.Wr;
+  const auto& br = r.ctx.br;
+  if (r.entry.linear)
+    ref += Dots::of({}, {}, {}, {}, Wr.detach(), Wr.grad(), br.defined() ? br.detach() : br,
+                    br.defined() ? br.grad() : br);
+  out.adjoint_mpi = global.gap_in_x(factor);
+  out.adjoint_reference = ref.gap_in_x(factor);
+  const double tol = adjoint_tolerance(r.dtype);
+  if (out.adjoint_mpi > tol)
+    r.problems.push_back("MPI adjoint identity off by " + std::to_string(out.adjoint_mpi));
+  if (out.adjoint_reference > tol)
+    r.problems.push_back("reference adjoint identity off by " + std::to_string(out.adjoint_reference));
+  if (r.entry.linear) {
+    const double gw = global.gap_in_w(), rw = ref.gap_in_w();
+    if (gw > tol) r.problems.push_back("MPI adjoint identity in W off by " + std::to_string(gw));
+    if (rw > tol) r.problems.push_back("reference adjoint identity in W off by " + std::to_string(rw));
+  }
+  // An all-zero result proves nothing: the outputs must carry something.
+  if (global.v[Dots::kYY] == 0 && global.v[Dots::kXX] > 0 && ref.v[Dots::kYY] > 0)
+    r.problems.push_back("all outputs are zero");
+}
+
+// One line: what matched, or every problem found.
+std::string summary_of(const Run& r, const CaseOutcome& out) {
+  std::ostringstream os;
+  if (out.ok) {
+    os << "forward"
+       << (!r.differentiable ? ""
+           : r.entry.linear  ? ", backward (x, W and b), the stored blocks and both adjoints (gap "
+                             : ", backward and adjoint (gap ");
+    if (r.differentiable) os << out.adjoint_mpi << ")";
+    os << " match the reference; y " << shape_string(shape_of(out.y));
+  } else {
+    for (size_t i = 0; i < r.problems.size(); ++i) os << (i ? "; " : "") << r.problems[i];
+  }
+  return os.str();
 }
 
 }  // namespace
@@ -238,302 +461,47 @@ CaseOutcome run_case(const Case& c) {
   if (world < c.world_size_needed())
     throw Error("case needs " + std::to_string(c.world_size_needed()) + " ranks, the world has " +
                 std::to_string(world) + ": " + c.repro());
-  const auto dtype = parse_dtype(c.dtype);
-  const bool differentiable = at::isFloatingType(dtype);
-  CaseOutcome out;
-
-  // Inputs of every worker (each rank emulates the whole world).
-  reference::Tensors xr(world);
-  for (int w = 0; w < world; ++w) {
-    xr[w] = case_input(c, w);
-    if (differentiable) xr[w].requires_grad_(true);
-  }
-  out.x = xr[me].detach().clone();
-  if (differentiable) out.x.requires_grad_(true);
-
+  const PrimitiveEntry& entry = primitive_entry(c.primitive);
   const auto rworld = reference::Partition::world(world);
   const auto mworld = mpi::Partition::world();
-  auto rpart = [&](const PartitionSpec& s) {
-    return rworld.create_partition_inclusive(s.ranks).create_cartesian_topology_partition(s.shape);
-  };
-  auto mpart = [&](const PartitionSpec& s) {
-    return mworld.create_partition_inclusive(s.ranks).create_cartesian_topology_partition(s.shape);
-  };
+  Run r(c, entry,
+        CaseContext(
+            c,
+            [&](const PartitionSpec& s) {
+              return rworld.create_partition_inclusive(s.ranks).create_cartesian_topology_partition(s.shape);
+            },
+            [&](const PartitionSpec& s) {
+              return mworld.create_partition_inclusive(s.ranks).create_cartesian_topology_partition(s.shape);
+            }));
+  r.world = world;
+  r.me = me;
+  r.dtype = parse_dtype(c.dtype);
+  r.differentiable = at::isFloatingType(r.dtype);
+  CaseOutcome out;
 
-  // The Linear layers' global parameters (the same on every rank).
-  const int64_t in = !c.is_linear() ? 0 : c.in_features ? c.in_features : c.global_shape->back();
-  at::Tensor W0, b0, Wr, br;
-  if (c.is_linear()) {
-    std::tie(W0, b0) = linear_parameters(c, in);
-    Wr = W0.clone().requires_grad_(true);
-    if (b0.defined()) br = b0.clone().requires_grad_(true);
-  }
-  reference::LinearLayer rlayer;
-
-  // The reference, forward and (through autograd) backward.
-  reference::Tensors yr, dyr(world), magnitudes;
-  std::string expected_class, mpi_class;
-  try {
-    const auto rx = rpart(c.P_x);
-    // The primitives that sum, on given inputs (the case's, or their magnitudes).
-    auto summed = [&](const reference::Tensors& xs) {
-      if (c.primitive == "sum_reduce") return reference::sum_reduce(rx, rpart(*c.P_y), xs, c.options);
-      if (c.primitive == "reduce_scatter" && c.distdl) return reference::reduce_scatter(rx, *c.distdl, xs);
-      if (c.primitive == "reduce_scatter") return reference::reduce_scatter(rx, c.axis, c.dim, xs);
-      return reference::all_sum_reduce(rx, c.axes, xs);
-    };
-    if (c.is_linear()) {
-      rlayer.kind = reference::linear_kind(c.primitive);
-      rlayer.P_x = rx;
-      rlayer.P_y = c.P_y ? rpart(*c.P_y) : rx;
-      if (c.P_W) rlayer.P_W = rpart(*c.P_W);
-      rlayer.in = in;
-      rlayer.out = c.out_features;
-      rlayer.bias = c.bias;
-      yr = reference::linear(rlayer, Wr, br, xr);
-    } else if (c.primitive == "broadcast") yr = reference::broadcast(rx, rpart(*c.P_y), xr, c.options);
-    else if (c.primitive == "repartition") yr = reference::repartition(rx, rpart(*c.P_y), xr);
-    else if (c.primitive == "all_gather" && c.distdl) yr = reference::all_gather(rx, *c.distdl, xr);
-    else if (c.primitive == "all_gather") yr = reference::all_gather(rx, c.axis, c.dim, xr);
-    else if (c.primitive == "halo_exchange") yr = reference::halo_exchange(rx, c.left, c.right, xr);
-    else {
-      yr = summed(xr);
-      if (at::isFloatingType(dtype)) {
-        reference::Tensors abs_x;
-        for (const auto& x : xr) abs_x.push_back(x.defined() ? x.detach().abs() : x);
-        magnitudes = summed(abs_x);
-      }
-    }
-  } catch (const Error& e) {
-    out.expected_error = e.what();
-    expected_class = error_class(e);
-  }
-
-  // The MPI implementation: construction and forward, agreed on all ranks.
-  std::string mpi_error;
-  at::Tensor y, in_place_input, first_y;
-  // Every layer is called twice with the same inputs (issue 15, plans made
-  // once): the second call reuses the plan the first one made and checked,
-  // and is the one whose output and backward are checked below; the first
-  // call's output must equal it bit for bit (its graph is dropped unused).
-  auto twice = [&](const std::function<at::Tensor()>& call) {
-    first_y = call().detach().clone();
-    y = call();
-  };
-  std::shared_ptr<nn::DistributedLinearBase> mlin;
-  try {
-    const auto px = mpart(c.P_x);
-    if (c.is_linear()) {
-      mlin = make_linear(c, in, mpart);
-      // The layer starts from the reference's W and b.
-      torch::nn::Linear global(torch::nn::LinearOptions(in, c.out_features).bias(c.bias));
-      global->to(dtype);
-      {
-        torch::NoGradGuard no_grad;
-        global->weight.copy_(W0);
-        if (c.bias) global->bias.copy_(b0);
-      }
-      mlin->scatter_parameters(global);
-      twice([&] { return mlin->forward(out.x); });
-    } else if (c.primitive == "broadcast") {
-      nn::Broadcast layer(px, mpart(*c.P_y), c.options);
-      twice([&] { return layer(out.x); });
-    } else if (c.primitive == "sum_reduce") {
-      nn::SumReduce layer(px, mpart(*c.P_y), c.options);
-      twice([&] { return layer(out.x); });
-    } else if (c.primitive == "repartition") {
-      nn::Repartition layer(px, mpart(*c.P_y));
-      twice([&] { return layer(out.x); });
-    } else if (c.primitive == "all_gather") {
-      nn::AllGather layer = c.distdl ? nn::AllGather(px, *c.distdl) : nn::AllGather(px, c.axis, c.dim);
-      twice([&] { return layer(out.x); });
-    } else if (c.primitive == "reduce_scatter") {
-      nn::ReduceScatter layer =
-          c.distdl ? nn::ReduceScatter(px, *c.distdl) : nn::ReduceScatter(px, c.axis, c.dim);
-      twice([&] { return layer(out.x); });
-    } else if (c.primitive == "halo_exchange" && c.in_place) {
-      // DistDL's form: the ghosts of a computed (non-leaf) copy of x are
-      // filled in place, and the gradient reaches x through it.
-      nn::HaloExchange layer(px, c.left, c.right, nn::HaloExchangeImpl::Storage::kInPlace);
-      twice([&] {
-        in_place_input = out.x.requires_grad() ? out.x * 1 : out.x.clone();
-        return layer(in_place_input);
-      });
-    } else if (c.primitive == "halo_exchange") {
-      nn::HaloExchange layer(px, c.left, c.right);
-      twice([&] { return layer(out.x); });
-    } else {
-      nn::AllSumReduce layer(px, c.axes);
-      twice([&] { return layer(out.x); });
-    }
-  } catch (const Error& e) {
-    mpi_error = e.what();
-    mpi_class = error_class(e);
-  }
-  const bool mpi_ok_everywhere = mpi::all_true(mpi_error.empty(), mpi::world_comm());
+  draw_inputs(r, out);
+  reference_forward(r, out);
+  mpi_forward(r, out);
+  // The MPI side's errors agreed on all ranks.
+  const bool mpi_ok_everywhere = mpi::all_true(r.mpi_error.empty(), mpi::world_comm());
   if (!out.expected_error.empty()) {
-    // Every rank of the layer must raise; a rank in neither partition takes
-    // no part in the layer and may go on.
-    bool involved = std::count(c.P_x.ranks.begin(), c.P_x.ranks.end(), me) > 0;
-    for (const auto* P : {&c.P_y, &c.P_W})
-      if (*P) involved = involved || listed((*P)->ranks, me);
-    // The same class and the same rule (issue 9); an error without a rule
-    // code cannot show that both sides rejected the case for one reason.
-    const bool same_class =
-        mpi_class == expected_class && expected_class.find("[no rule]") == std::string::npos;
-    out.ok = (!mpi_error.empty() && same_class) || (mpi_error.empty() && !involved);
-    out.summary =
-        !mpi_error.empty() && same_class ? "both raised " + mpi_class + ": " + mpi_error
-        : !mpi_error.empty() ? "the reference raised " + expected_class + " '" + out.expected_error +
-                                   "' but MPI raised " + mpi_class + " '" + mpi_error + "'"
-        : out.ok ? "not involved; the reference raised: " + out.expected_error
-                 : "the reference raised '" + out.expected_error + "' but MPI did not";
+    judge_rejected(r, out);
     return out;
   }
   if (!mpi_ok_everywhere) {
     out.ok = false;
-    out.summary = mpi_error.empty() ? "MPI raised on another rank" : "MPI raised: " + mpi_error;
+    out.summary = r.mpi_error.empty() ? "MPI raised on another rank" : "MPI raised: " + r.mpi_error;
     return out;
   }
-  out.y = y.detach();
-  std::vector<std::string> problems;
-  std::string why;
-  // Copies are bit-identical in any dtype; every result is with integer
-  // fills (exact sums); only sums of random normal values get a tolerance.
-  const bool copy = c.primitive == "broadcast" || c.primitive == "all_gather" ||
-                    c.primitive == "repartition" || c.primitive == "halo_exchange";
-  // (Without a seed the inputs are arange + 1000 r: integers that float32
-  // and float64 sum exactly, the 16-bit types do not.)
-  const bool exact_sums = c.data_seed ? c.fill == "integers"
-                                      : dtype != at::kHalf && dtype != at::kBFloat16;
-  const auto sums = exact_sums ? Compare::Exact : Compare::Elementwise;
-  if (!close(out.y, yr[me].detach(), copy ? Compare::Exact : sums, &why,
-             magnitudes.empty() ? at::Tensor() : magnitudes[me].detach()))
-    problems.push_back("forward " + why);
-  if (!same_bits(first_y, out.y))
-    problems.push_back("a second call with the same inputs (its plan reused) differs from the first");
-  if (c.in_place) {
-    if (out.y.numel() > 0 && out.y.data_ptr() != in_place_input.data_ptr())
-      problems.push_back("in_place: the forward output is not the input's storage");
-  } else if (out.y.numel() > 0 && out.x.numel() > 0 && out.y.data_ptr() == out.x.data_ptr()) {
-    problems.push_back("forward output shares the input's storage (in place)");
+  out.y = r.y.detach();
+  check_forward(r, out);
+  if (r.differentiable) {
+    const reference::Tensors dxr = check_backward(r, out);
+    const LocalParameters p = check_parameters(r);
+    check_adjoint(r, out, dxr, p);
   }
-
-  double gaps[2] = {0, 0};
-  if (differentiable) {
-    for (int w = 0; w < world; ++w)
-      dyr[w] = listed(c.unused_outputs, w) ? at::zeros_like(yr[w].detach())
-                                           : case_cotangent(c, w, yr[w].sizes());
-    // Reference backward: one scalar over the whole emulated world.
-    at::Tensor total = at::zeros({}, at::kDouble);
-    for (int w = 0; w < world; ++w)
-      if (yr[w].requires_grad()) total = total + (yr[w].to(at::kDouble) * dyr[w].to(at::kDouble)).sum();
-    if (total.requires_grad()) total.backward();
-    reference::Tensors dxr(world);
-    for (int w = 0; w < world; ++w)
-      dxr[w] = xr[w].grad().defined() ? xr[w].grad() : at::zeros_like(xr[w]);
-    // MPI backward, on every rank.
-    if (y.requires_grad()) {
-      if (listed(c.unused_outputs, me))
-        torch::autograd::backward({loss_without_gradient(y)});
-      else if (c.in_place)  // a gradient nobody else holds: the adjoint may reuse it
-        (y * dyr[me]).sum().backward();
-      else
-        torch::autograd::backward({y}, {dyr[me]});
-    }
-    out.dx = out.x.grad().defined() ? out.x.grad() : at::zeros_like(out.x);
-    // (scale_backward divides before the adjoint sums: quotients added in
-    // another order differ in the last bits.)
-    const bool scaled = c.distdl && !c.distdl->scale_backward.empty();
-    const auto backward_compare = c.primitive == "repartition" ? Compare::Exact
-                                  : scaled                      ? Compare::Elementwise
-                                                                : sums;
-    if (!close(out.dx, dxr[me], backward_compare, &why)) problems.push_back("backward " + why);
-
-    // The Linear layers: each rank stores the block of W and b the reference
-    // says, and its gradients are the global gradients' blocks.
-    at::Tensor Wl, dWl, bl, dbl;  // this rank's parameters and their gradients
-    if (mlin) {
-      const auto& L = *mlin;
-      const auto wb = L.weight_block();
-      const auto bb = L.bias_block();
-      const reference::ParameterBlock got{wb[0], wb[1], wb[2], wb[3], bb[0], bb[1]};
-      const auto want = reference::parameter_block(rlayer, me);
-      auto block = [](const reference::ParameterBlock& p) {
-        std::ostringstream os;
-        os << "W rows [" << p.r0 << ", " << p.r0 + p.rn << ") cols [" << p.c0 << ", " << p.c0 + p.cn
-           << "), b [" << p.b0 << ", " << p.b0 + p.bn << ")";
-        return os.str();
-      };
-      if (!(got == want))
-        problems.push_back("stores " + block(got) + ", the reference " + block(want));
-      auto grad_or_zero = [](const at::Tensor& p) {
-        return p.grad().defined() ? p.grad() : at::zeros_like(p);
-      };
-      if (want.rn * want.cn > 0 && L.local_weight().defined()) {
-        Wl = L.local_weight().detach();
-        dWl = grad_or_zero(L.local_weight());
-        const at::Tensor dW = grad_or_zero(Wr).slice(0, want.r0, want.r0 + want.rn)
-                                  .slice(1, want.c0, want.c0 + want.cn);
-        if (!close(dWl, dW, sums, &why)) problems.push_back("weight gradient " + why);
-      }
-      if (want.bn > 0 && L.local_bias().defined()) {
-        bl = L.local_bias().detach();
-        dbl = grad_or_zero(L.local_bias());
-        if (!close(dbl, grad_or_zero(br).slice(0, want.b0, want.b0 + want.bn), sums, &why))
-          problems.push_back("bias gradient " + why);
-      }
-    }
-
-    // Adjoint identity, summed over all workers: MPI (reduced) and reference.
-    // <y, dy> = factor <x, dx> + <b, db> (in x) and <W, dW> + <b, db> (in W,
-    // the Linear layers), the parameters counted once, where they are stored.
-    const Dots mine = Dots::of(out.y, dyr[me], out.x.detach(), out.dx, Wl, dWl, bl, dbl);
-    Dots global;
-    MPI_Request req;
-    PARTITA_MPI_CHECK(MPI_Iallreduce(mine.v, global.v, Dots::kCount, MPI_DOUBLE, MPI_SUM,
-                                     mpi::world_comm(), &req));
-    mpi::wait(req, "run_case adjoint");
-    // AllGather's scale_backward makes backward the adjoint divided by the
-    // factor: the identity is <F x, y> = factor * <x, B y>.
-    double factor = 1;
-    if (c.distdl)
-      for (int d : c.distdl->scale_backward) factor *= static_cast<double>(c.P_x.shape.at(d));
-    Dots r;
-    for (int w = 0; w < world; ++w)
-      r += Dots::of(yr[w].detach(), dyr[w], xr[w].detach(), dxr[w], {}, {}, {}, {});
-    if (c.is_linear())
-      r += Dots::of({}, {}, {}, {}, Wr.detach(), Wr.grad(), br.defined() ? br.detach() : br,
-                    br.defined() ? br.grad() : br);
-    gaps[0] = global.gap_in_x(factor);
-    gaps[1] = r.gap_in_x(factor);
-    const double tol = adjoint_tolerance(dtype);
-    if (gaps[0] > tol) problems.push_back("MPI adjoint identity off by " + std::to_string(gaps[0]));
-    if (gaps[1] > tol) problems.push_back("reference adjoint identity off by " + std::to_string(gaps[1]));
-    if (c.is_linear()) {
-      const double gw = global.gap_in_w(), rw = r.gap_in_w();
-      if (gw > tol) problems.push_back("MPI adjoint identity in W off by " + std::to_string(gw));
-      if (rw > tol) problems.push_back("reference adjoint identity in W off by " + std::to_string(rw));
-    }
-    // An all-zero result proves nothing: the outputs must carry something.
-    if (global.v[Dots::kYY] == 0 && global.v[Dots::kXX] > 0 && r.v[Dots::kYY] > 0)
-      problems.push_back("all outputs are zero");
-  }
-  out.adjoint_mpi = gaps[0];
-  out.adjoint_reference = gaps[1];
-  out.ok = problems.empty();
-  std::ostringstream os;
-  if (out.ok) {
-    os << "forward"
-       << (!differentiable   ? ""
-           : c.is_linear() ? ", backward (x, W and b), the stored blocks and both adjoints (gap "
-                           : ", backward and adjoint (gap ");
-    if (differentiable) os << gaps[0] << ")";
-    os << " match the reference; y " << shape_string(shape_of(out.y));
-  } else {
-    for (size_t i = 0; i < problems.size(); ++i) os << (i ? "; " : "") << problems[i];
-  }
-  out.summary = os.str();
+  out.ok = r.problems.empty();
+  out.summary = summary_of(r, out);
   return out;
 }
 
