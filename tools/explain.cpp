@@ -321,7 +321,7 @@ void add_explain(CLI::App& app, std::function<int()>& action) {
   CLI::App* group = app.add_subcommand(
       "explain", "print the teams of a broadcast, sum-reduce or all-sum-reduce as seed 000 "
                  "tabulates them, or repartition's send/receive lists (computed by the reference), "
-                 "or partita::smp's rank layout");
+                 "or partita::smp's rank layout, or a pipeline schedule's timeline");
   group->require_subcommand(1);
   group->footer("RANKS: world ranks, e.g. 0-11 or 1,2,3;  SHAPE: e.g. 2,3,2;  AXES: e.g. 0,2");
   auto given = std::make_shared<Given>();
@@ -365,6 +365,7 @@ void add_explain(CLI::App& app, std::function<int()>& action) {
     }
   }
   add_explain_smp(*group, action);
+  add_explain_pipeline(*group, action);
 }
 
 }  // namespace partita::tools

@@ -19,4 +19,9 @@ void add_explain(CLI::App& app, std::function<int()>& action);
 // registered on the explain subcommand by add_explain.
 void add_explain_smp(CLI::App& explain, std::function<int()>& action);
 
+// `partita explain pipeline --schedule NAME --stages P --microbatches M
+// [--virtual V] [--csv FILE] ...` (explain_pipeline.cpp): a schedule
+// verified and simulated on one process; exit 1 when it does not verify.
+void add_explain_pipeline(CLI::App& explain, std::function<int()>& action);
+
 }  // namespace partita::tools
