@@ -212,7 +212,7 @@ TEST(SmpConfig, BadJsonNamesTheField) {
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"partitions": "2"})", "cfg"); }),
                   "cfg: field \"partitions\": expected a positive integer, got \"2\"");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"pipeline": "zigzag"})", "cfg"); }),
-                  "cfg: field \"pipeline\": expected \"interleaved\" or \"simple\", got \"zigzag\"");
+                  "cfg: field \"pipeline\": expected \"interleaved\", \"simple\" or \"zero_bubble\", got \"zigzag\"");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"ddp": 1})", "cfg"); }),
                   "cfg: field \"ddp\": expected a boolean, got 1");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"partition": 2})", "cfg"); }),
@@ -295,7 +295,7 @@ TEST(SmpConfig, FromFileAndEnvironment) {
   setenv(smp::kConfigVariable, me == n - 1 ? "{\"pipeline\": 7}" : "{}", 1);
   EXPECT_CONTAINS(raised<smp::ConfigError>([&] { smp::init(); }),
                   "smp::init: rank " + std::to_string(n - 1) +
-                      ": $PARTITA_SMP_CONFIG: field \"pipeline\": expected \"interleaved\" or \"simple\", got 7");
+                      ": $PARTITA_SMP_CONFIG: field \"pipeline\": expected \"interleaved\", \"simple\" or \"zero_bubble\", got 7");
   unsetenv(smp::kConfigVariable);
   smp::init();
   EXPECT_EQ(smp::mp_size(), 1);

@@ -120,11 +120,12 @@ TEST(Pipeline, ExplicitSplitPoints) {
 }
 
 // Item 4: the counter of live activations. 1F1B holds at most mp_size
-// microbatches on the first stage (stages - s on stage s), GPipe all of them.
+// microbatches on the first stage (stages - s on stage s), GPipe all of them;
+// ZB-H1 (issue 31) mp_size on every stage.
 TEST(Pipeline, LiveActivationsPerSchedule) {
   torch::set_num_threads(1);
   for (int p : partition_counts())
-    for (const char* pipeline : {"simple", "interleaved"}) {
+    for (const char* pipeline : {"simple", "interleaved", "zero_bubble"}) {
       init(p, pipeline);
       testing::PipelineRun run;
       run.model = mlp();
@@ -133,7 +134,9 @@ TEST(Pipeline, LiveActivationsPerSchedule) {
       smp::PipelineStats stats;
       ASSERT_EQ(testing::check_against_serial(run, 1e-10, &stats), "");
       const int s = smp::mp_rank();
-      const int expected = std::string(pipeline) == "simple" ? 8 : std::min(p - s, 8);
+      // ZB-H1 keeps a graph alive until its W: min(p, m) on every stage.
+      const std::string name = pipeline;
+      const int expected = name == "simple" ? 8 : name == "zero_bubble" ? std::min(p, 8) : std::min(p - s, 8);
       EXPECT_EQ(stats.peak_live, expected) << pipeline << " stage " << s << " of " << p;
       if (std::string(pipeline) == "interleaved" && s == 0) EXPECT_LE(stats.peak_live, p);
       EXPECT_EQ(stats.live, 0);
@@ -161,6 +164,95 @@ TEST(Pipeline, EveryStageReturnsTheLastStagesOutputs) {
     EXPECT_LE((out.concat() - expected).abs().max().item<double>(), 1e-12);
     EXPECT_GT(expected.abs().max().item<double>(), 0);
     EXPECT_EQ(model.stats().backwards, 0);
+  }
+}
+
+// --- issue 31: schedules as data, run by the executor ------------------------------
+
+// ZB-H1 (each backward split into I and W) trains as one process, and its
+// weight gradients are the full backward's (1F1B's), bit for bit.
+TEST(Pipeline, ZeroBubbleEqualsOneProcessAndTheFullBackward) {
+  torch::set_num_threads(1);
+  for (int p : partition_counts()) {
+    init(p, "zero_bubble");
+    for (const auto& spec : {mlp(), p == 8 ? blocks8() : blocks()})
+      for (int m : {1, 4}) {
+        testing::PipelineRun run;
+        run.model = spec;
+        run.microbatches = m;
+        run.steps = 2;
+        smp::PipelineStats stats;
+        EXPECT_EQ(testing::check_against_serial(run, 1e-10, &stats), "") << run;
+        EXPECT_EQ(stats.backwards, m);
+      }
+    std::vector<at::Tensor> grads[2];
+    int i = 0;
+    for (const char* pipeline : {"interleaved", "zero_bubble"}) {
+      init(p, pipeline);
+      torch::nn::Sequential net = testing::build_model(p == 8 ? blocks8() : blocks());
+      smp::DistributedModel model(net);
+      auto train = testing::mse_step(model, 4);
+      torch::manual_seed(11);
+      const at::Tensor x = torch::randn({8, 6}, torch::kDouble), y = torch::randn({8, 5}, torch::kDouble);
+      train(x, y);
+      for (const auto& param : model.parameters()) grads[i].push_back(param.grad().clone());
+      ++i;
+    }
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    double norm = 0;
+    for (size_t k = 0; k < grads[0].size(); ++k) {
+      EXPECT_TRUE(torch::equal(grads[0][k], grads[1][k])) << "parameter " << k << " at " << p << " stages";
+      norm += grads[0][k].abs().sum().item<double>();
+    }
+    EXPECT_GT(norm, 0);
+  }
+}
+
+// A schedule of the user's own, read from torch.distributed.pipelining's
+// CSV format, runs; a bad one raises the same ScheduleError on every rank,
+// from the verifier, before the first message: the next step trains.
+TEST(Pipeline, UserSchedulesAreVerifiedBeforeTheFirstMessage) {
+  torch::set_num_threads(1);
+  struct Reset {
+    ~Reset() { smp::set_schedule(std::nullopt); }
+  } reset;
+  for (int p : partition_counts()) {
+    if (p == 1) continue;
+    init(p, "interleaved");
+    testing::PipelineRun run;
+    run.model = mlp();
+    run.microbatches = 4;
+    run.steps = 2;
+    smp::set_schedule(smp::schedule_from_csv(smp::to_csv(smp::zb_h1(p, 4)), 4));
+    EXPECT_EQ(testing::check_against_serial(run), "") << run;
+    // A cycle: stage 0 waits for microbatch 0's gradient before sending
+    // microbatch 1, which the last stage needs before its backward of 0.
+    smp::Schedule cycle = smp::gpipe(p, 2);
+    cycle.actions[0] = {{smp::ActionKind::kForward, 0, 0}, {smp::ActionKind::kFullBackward, 0, 0},
+                        {smp::ActionKind::kForward, 0, 1}, {smp::ActionKind::kFullBackward, 0, 1}};
+    smp::set_schedule(cycle);
+    torch::nn::Sequential net = testing::build_model(mlp());
+    smp::DistributedModel model(net);
+    auto train = testing::mse_step(model, 2);
+    const at::Tensor x = torch::randn({4, 6}, torch::kDouble), y = torch::randn({4, 4}, torch::kDouble);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_CONTAINS(raised<smp::ScheduleError>([&] { train(x, y); }),
+                    "rank 0, 0RECV_B0 (the message before action 1, 0B0): the schedule deadlocks");
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+    // Written for 2 microbatches, given 4.
+    auto train4 = testing::mse_step(model, 4);
+    EXPECT_CONTAINS(raised<smp::ScheduleError>([&] { train4(torch::randn({4, 6}, torch::kDouble), torch::randn({4, 4}, torch::kDouble)); }),
+                    "is for 2 microbatches, the step has 4");
+    // A W before its I, on the last stage only: every rank raises.
+    smp::Schedule early = smp::zb_h1(p, 2);
+    early.actions[p - 1] = {{smp::ActionKind::kForward, p - 1, 0}, {smp::ActionKind::kBackwardWeight, p - 1, 0},
+                            {smp::ActionKind::kBackwardInput, p - 1, 0}, {smp::ActionKind::kForward, p - 1, 1},
+                            {smp::ActionKind::kBackwardInput, p - 1, 1}, {smp::ActionKind::kBackwardWeight, p - 1, 1}};
+    smp::set_schedule(early);
+    EXPECT_CONTAINS(raised<smp::ScheduleError>([&] { train(x, y); }),
+                    "rank " + std::to_string(p - 1) + ", action 1 (" + std::to_string(p - 1) + "W0): a W before its I");
+    smp::set_schedule(std::nullopt);
+    EXPECT_EQ(testing::check_against_serial(run), "") << run;
   }
 }
 

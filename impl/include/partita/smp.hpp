@@ -61,7 +61,7 @@ struct UsageError : Error {
 struct Config {
   int partitions = 1;                   // model-parallel degree: mp_size
   int microbatches = 1;                 // pieces smp::step splits a batch into
-  std::string pipeline = "interleaved";  // "interleaved" (1F1B) or "simple" (GPipe)
+  std::string pipeline = "interleaved";  // "interleaved" (1F1B), "simple" (GPipe) or "zero_bubble" (ZB-H1)
   bool ddp = true;                      // data parallelism: dp_size = world / partitions;
                                         // off: the world must be exactly `partitions`
 

@@ -11,7 +11,7 @@ namespace partita::smp {
 
 namespace {
 
-constexpr const char* kPipelines[] = {"interleaved", "simple"};
+constexpr const char* kPipelines[] = {"interleaved", "simple", "zero_bubble"};
 
 [[noreturn]] void field_error(const std::string& source, const std::string& field, const std::string& expected,
                               const json::Value& got) {
@@ -53,7 +53,7 @@ Config Config::from_json(const std::string& text, const std::string& source) {
   }
   if (!doc.is_object())
     throw ConfigError(source + ": expected an object {\"partitions\": N, \"microbatches\": M, "
-                               "\"pipeline\": \"interleaved\"|\"simple\", \"ddp\": true|false}, got " +
+                               "\"pipeline\": \"interleaved\"|\"simple\"|\"zero_bubble\", \"ddp\": true|false}, got " +
                       json::dump(doc));
   Config c;
   for (const auto& [key, v] : doc.items()) {
@@ -62,11 +62,11 @@ Config Config::from_json(const std::string& text, const std::string& source) {
     } else if (key == "microbatches") {
       c.microbatches = positive(source, "microbatches", v);
     } else if (key == "pipeline") {
-      if (!v.is_string()) field_error(source, "pipeline", "\"interleaved\" or \"simple\"", v);
+      if (!v.is_string()) field_error(source, "pipeline", "\"interleaved\", \"simple\" or \"zero_bubble\"", v);
       c.pipeline = v.get<std::string>();
       bool known = false;
       for (const char* p : kPipelines) known = known || c.pipeline == p;
-      if (!known) field_error(source, "pipeline", "\"interleaved\" or \"simple\"", v);
+      if (!known) field_error(source, "pipeline", "\"interleaved\", \"simple\" or \"zero_bubble\"", v);
     } else if (key == "ddp") {
       if (!v.is_boolean()) field_error(source, "ddp", "a boolean", v);
       c.ddp = v.get<bool>();
@@ -107,7 +107,7 @@ void Config::validate(int world_size) const {
   if (microbatches < 1) throw ConfigError(what + "microbatches must be at least 1");
   bool known = false;
   for (const char* p : kPipelines) known = known || pipeline == p;
-  if (!known) throw ConfigError(what + "unknown pipeline \"" + pipeline + "\" (expected interleaved or simple)");
+  if (!known) throw ConfigError(what + "unknown pipeline \"" + pipeline + "\" (expected interleaved, simple or zero_bubble)");
   if (world_size % partitions != 0)
     throw ConfigError(what + "the world of " + std::to_string(world_size) + " processes is not divisible into " +
                       std::to_string(partitions) + " partitions");

@@ -1,8 +1,8 @@
-// smp::DistributedModel and the pipeline schedules (issue 14,
+// smp::DistributedModel and the pipeline executor (issues 14 and 31,
 // docs/pipeline.md): the stages of a model (a torch::nn::Sequential or any
-// module of ordered one-tensor children) on the mp group,
-// activations forward and gradients back through the differentiable
-// communicator, and smp::step's per-call state (detail::PipelineStep).
+// module of ordered one-tensor children) on the mp group, and smp::step's
+// per-call state (detail::PipelineStep), which runs this rank's list of a
+// schedule that schedule.cpp built and verified (pure, no MPI).
 //
 // Messages (docs/pipeline.md has the table; every tag carries the step's
 // number, see TagKind), mostly between neighbouring stages on the mp group's
@@ -10,15 +10,14 @@
 //   kHeader   a fixed-size int64 header before every activation: the
 //             microbatch, the activation's dtype and shape and the shape of
 //             the x stage 0 was given;
-//   kAct      the activation, Communicator::isend/irecv (the gradient comes
-//             back on kAct + max_tag, the communicator's adjoint);
+//   kAct      the activation (SEND_F / RECV_F); its gradient comes back on
+//             kAct + max_tag (SEND_B / RECV_B);
 //   kShape    the last stage tells every other stage the output's shape and
 //             dtype, once per model input shape (their stand-in);
 //   kAbort    a rank whose step failed tells every other (smp's world), and
 //             every wait inside the step listens for it.
-// A stage's forward send is not waited on until its backward: with
-// rendezvous-sized activations a 1F1B stage would otherwise block in F(i+w)
-// while its successor blocks sending it the gradient of B(i).
+// Sends are MPI_Isend completed at the end of the step, receives wait: the
+// semantics under which the verifier proved the schedule free of deadlock.
 #include "partita/smp/pipeline.hpp"
 
 #include <torch/csrc/autograd/function.h>
@@ -31,6 +30,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <unordered_set>
 
@@ -42,82 +42,6 @@
 #include "partita/smp/step.hpp"
 
 namespace partita::smp {
-
-// --- schedules (pure) -----------------------------------------------------------
-
-Pipeline pipeline_from_name(const std::string& name) {
-  if (name == "simple") return Pipeline::kSimple;
-  if (name == "interleaved") return Pipeline::kInterleaved;
-  throw ConfigError("smp pipeline: expected \"interleaved\" or \"simple\", got \"" + name + "\"");
-}
-
-const char* name(Pipeline p) { return p == Pipeline::kSimple ? "simple" : "interleaved"; }
-
-std::vector<PipelineAction> schedule(Pipeline p, int stage, int stages, int microbatches) {
-  if (stages < 1 || stage < 0 || stage >= stages || microbatches < 1)
-    throw UsageError("smp::schedule: stage " + std::to_string(stage) + " of " + std::to_string(stages) +
-                     " with " + std::to_string(microbatches) + " microbatches");
-  using A = PipelineAction;
-  std::vector<A> out;
-  if (p == Pipeline::kSimple) {
-    for (int i = 0; i < microbatches; ++i) out.push_back({A::kForward, i});
-    for (int i = 0; i < microbatches; ++i) out.push_back({A::kBackward, i});
-    return out;
-  }
-  // 1F1B: stage s runs (stages - 1 - s) forwards ahead (warm-up), then
-  // alternates one forward and one backward, then drains the backwards. The
-  // last stage runs every backward right after its forward.
-  const int warm = std::min(stages - 1 - stage, microbatches);
-  for (int i = 0; i < warm; ++i) out.push_back({A::kForward, i});
-  for (int i = warm; i < microbatches; ++i) {
-    out.push_back({A::kForward, i});
-    out.push_back({A::kBackward, i - warm});
-  }
-  for (int i = microbatches - warm; i < microbatches; ++i) out.push_back({A::kBackward, i});
-  return out;
-}
-
-int peak_live(const std::vector<PipelineAction>& actions) {
-  int live = 0, peak = 0;
-  for (const auto& a : actions) {
-    live += a.kind == PipelineAction::kForward ? 1 : -1;
-    peak = std::max(peak, live);
-  }
-  return peak;
-}
-
-std::vector<int> balance_by_parameters(const std::vector<int64_t>& params, int stages) {
-  const int n = static_cast<int>(params.size());
-  if (stages < 1 || n < stages)
-    throw UsageError("smp::DistributedModel: the model has " + std::to_string(n) + " layers, fewer than the " +
-                     std::to_string(stages) +
-                     " pipeline stages (partitions); every stage needs at least one layer");
-  std::vector<int64_t> prefix(n + 1, 0);
-  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + params[i];
-  // best[k][i]: the smallest possible largest stage of the first i layers in
-  // k stages; cut[k][i] the start of the last of them (the earliest on ties).
-  const int64_t inf = std::numeric_limits<int64_t>::max();
-  std::vector<std::vector<int64_t>> best(stages + 1, std::vector<int64_t>(n + 1, inf));
-  std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(n + 1, 0));
-  best[0][0] = 0;
-  for (int k = 1; k <= stages; ++k)
-    for (int i = k; i <= n - (stages - k); ++i)
-      for (int j = k - 1; j < i; ++j) {
-        if (best[k - 1][j] == inf) continue;
-        const int64_t v = std::max(best[k - 1][j], prefix[i] - prefix[j]);
-        if (v < best[k][i]) {
-          best[k][i] = v;
-          cut[k][i] = j;
-        }
-      }
-  std::vector<int> bounds(stages + 1, 0);
-  bounds[stages] = n;
-  for (int k = stages, i = n; k > 0; --k) {
-    i = cut[k][i];
-    bounds[k - 1] = i;
-  }
-  return bounds;
-}
 
 // --- the step's state -----------------------------------------------------------
 
@@ -161,6 +85,9 @@ struct StepState {
   InFlight inflight;
   std::function<void()> check;     // check_abort, for ScopedWaitInterrupt
   std::unique_ptr<mpi::ScopedWaitInterrupt> interrupt;
+  std::vector<Action> list;        // this rank's actions, messages included
+  size_t current = 0;              // the one running
+  std::vector<size_t> pending;     // actions before the model's first call (its RECV_F): run then
 };
 StepState* g_step = nullptr;
 
@@ -330,18 +257,23 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   // shape (the stand-in on stages before the last).
   std::map<std::vector<int64_t>, std::vector<int64_t>> out_shapes;
 
+  // One microbatch on this stage: what its actions leave for the next ones.
   struct Mb {
     bool forwarded = false, backward_requested = false, done = false;
-    mpi::WaitHandle send;        // stages before the last: the activation's isend
-    at::Tensor input;            // stages after the first: the received activation
+    bool sent = false;           // SEND_F ran (or the forward sent early, see forward)
+    at::Tensor input;            // stages after the first: the received activation (a leaf)
+    std::vector<int64_t> x_shape;  // the shape of stage 0's x, from the header
+    at::Tensor output;           // stages before the last: this stage's output, sent on
     at::Tensor loss;             // the last stage: loss / microbatches
+    at::Tensor grad_out;         // RECV_B: the gradient of `output` from the next stage
+    at::Tensor grad_in;          // I or B: the gradient of `input`, for SEND_B
     at::Tensor target_tensor;    // the output (or stand-in) returned to the step
     std::shared_ptr<torch::autograd::Node> target;  // its node in the graph
     int64_t bytes = 0;
-    Clock::time_point input_grad_at{};  // when the backward reached this stage's input
   };
   std::vector<Mb> mbs;
   bool training = false;
+  int first_called = -1;  // the microbatch whose step function ran first: it decides `training`
   long steps_begun = 0;
   PipelineStats stats;
   Clock::time_point step_start;
@@ -362,6 +294,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     const int n = st.microbatches;
     mbs.assign(n, Mb{});
     training = false;
+    first_called = -1;
     stats = PipelineStats{};
     step_started = false;
     if (stages == 1) return;
@@ -408,7 +341,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     f.requests.push_back(r);
   }
 
-  std::vector<int64_t> header(int64_t status, int mb, const at::Tensor& act, const at::Tensor& x) const {
+  std::vector<int64_t> header(int64_t status, int mb, const at::Tensor& act, at::IntArrayRef x) const {
     std::vector<int64_t> h(kHeaderWords, 0);
     h[0] = kMagic;
     h[1] = status;
@@ -417,8 +350,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     h[3] = static_cast<int64_t>(act.scalar_type());
     h[4] = act.dim();
     for (int64_t i = 0; i < act.dim(); ++i) h[5 + i] = act.size(i);
-    h[5 + kMaxDims] = x.dim();
-    for (int64_t i = 0; i < x.dim(); ++i) h[6 + kMaxDims + i] = x.size(i);
+    h[5 + kMaxDims] = static_cast<int64_t>(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[6 + kMaxDims + i] = x[i];
     return h;
   }
 
@@ -449,9 +382,52 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     return words;
   }
 
-  // Stages after the first: the header and the activation from the previous
-  // stage, checked against what this stage expects.
-  at::Tensor receive(int mb, const at::Tensor& x) {
+  // A tensor's bytes from a neighbour, into `into` (its size is known):
+  // probed for under the deadline, listening for failure notices, then
+  // received by MPI_Mrecv of the matched message, so that a wait that ends
+  // leaves no receive posted.
+  void receive_into(at::Tensor& into, int source, int tag, const std::string& what) {
+    MPI_Message message = MPI_MESSAGE_NULL;
+    MPI_Status status;
+    wait_for_neighbour(
+        [&] {
+          int found = 0;
+          PARTITA_MPI_CHECK(MPI_Improbe(source, tag, raw, &found, &message, &status));
+          return found != 0;
+        },
+        what);
+    int n = 0;
+    PARTITA_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &n));
+    const int64_t want = into.numel() * static_cast<int64_t>(into.element_size());
+    if (n != want) {
+      std::vector<char> sink(static_cast<size_t>(n));
+      PARTITA_MPI_CHECK(MPI_Mrecv(sink.data(), n, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+      throw UsageError(what + ": " + std::to_string(n) + " bytes arrived where " + std::to_string(want) +
+                       " were expected (the stages' schedules disagree)");
+    }
+    PARTITA_MPI_CHECK(MPI_Mrecv(into.data_ptr(), n, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+  }
+
+  // A tensor's bytes to a neighbour: MPI_Isend of a contiguous copy kept
+  // with the step's messages, completed at the end of the step. Sends never
+  // wait, which is what the verifier assumes (docs/pipeline.md).
+  void send_tensor(const at::Tensor& t, int dest, int tag) {
+    InFlight& f = g_step->inflight;
+    f.tensors.push_back(t.detach().contiguous());
+    const at::Tensor& b = f.tensors.back();
+    MPI_Request r;
+    PARTITA_MPI_CHECK(MPI_Isend(b.data_ptr(), static_cast<int>(b.numel() * b.element_size()), MPI_BYTE, dest, tag,
+                                raw, &r));
+    f.requests.push_back(r);
+  }
+
+  int grad_tag() const { return tag_of(kAct) + comm.max_tag(); }
+
+  // RECV_F: the header and the activation from the previous stage, checked
+  // against what this stage expects.
+  void receive_activation(int mb) {
+    Mb& m = mbs[mb];
+    const auto t0 = Clock::now();
     const std::string what = where(mb) + ": receiving the activation from stage " + std::to_string(stage - 1);
     std::vector<int64_t> h = receive_words(kHeaderWords, stage - 1, kHeader, what);
     if (h[0] != kMagic) throw UsageError(what + ": not a pipeline header");
@@ -460,19 +436,24 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       throw UsageError(what + ": stage " + std::to_string(stage - 1) + " sent microbatch " + std::to_string(h[2]) +
                        " where this stage runs microbatch " + std::to_string(mb) +
                        " (the stages' schedules disagree)");
-    const std::vector<int64_t> xs(h.begin() + 6 + kMaxDims, h.begin() + 6 + kMaxDims + h[5 + kMaxDims]);
-    if (at::IntArrayRef(xs) != x.sizes())
-      throw UsageError(what + ": mismatched microbatch shapes: stage 0 ran the model on an input of shape " +
-                       shape_text(xs) + ", this stage was given " + shape_text(x.sizes()));
+    m.x_shape.assign(h.begin() + 6 + kMaxDims, h.begin() + 6 + kMaxDims + h[5 + kMaxDims]);
     const std::vector<int64_t> shape(h.begin() + 5, h.begin() + 5 + h[4]);
     const auto dtype = static_cast<at::ScalarType>(h[3]);
     at::Tensor buffer = at::empty(shape, at::TensorOptions().dtype(dtype));
+    receive_into(buffer, stage - 1, tag_of(kAct), what);
     if (at::isFloatingType(dtype)) buffer.requires_grad_(true);
-    // The activation follows its header at once: wait for it even if
-    // another stage fails meanwhile (an abandoned receive would write into
-    // freed memory); the deadline still bounds it.
-    mpi::ScopedWaitInterrupt deaf(nullptr);
-    return comm.recv(buffer, stage - 1, tag_of(kAct));
+    m.input = buffer;
+    stats.wait_seconds += seconds_since(t0);
+  }
+
+  // SEND_F: the header, then the activation, to the next stage.
+  void send_activation(int mb) {
+    Mb& m = mbs[mb];
+    if (m.sent) return;
+    if (!m.forwarded) throw UsageError(where(mb) + ": SEND_F before the forward");
+    post(header(0, mb, m.output, m.x_shape), stage + 1, kHeader);
+    send_tensor(m.output, stage + 1, tag_of(kAct));
+    m.sent = true;
   }
 
   // Stages before the last: the output's dtype and shape for this input.
@@ -487,24 +468,22 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     return words;
   }
 
+  // F, inside the step function's call for microbatch mb.
   at::Tensor forward(int mb, const at::Tensor& x) {
     touch();
     Mb& m = mbs[mb];
-    const auto t0 = Clock::now();
-    at::Tensor h = first() ? x : receive(mb, x);
-    if (!first()) m.input = h;
-    const auto t1 = Clock::now();
-    if (!first() && h.requires_grad()) {
-      // When the gradient of the received activation is ready, the stage's
-      // work for this backward is done; what follows is sending it back,
-      // which waits for the previous stage to receive (rendezvous).
-      h.register_hook([self = weak_from_this(), step = steps_begun, mb](const at::Tensor& g) {
-        if (auto m = self.lock(); m && m->steps_begun == step && mb < static_cast<int>(m->mbs.size()))
-          m->mbs[mb].input_grad_at = Clock::now();
-        return g;
-      });
+    if (!first()) {
+      if (!m.input.defined())
+        throw UsageError(where(mb) + ": the forward runs before its activation was received (RECV_F)");
+      if (at::IntArrayRef(m.x_shape) != x.sizes())
+        throw UsageError(where(mb) + ": receiving the activation from stage " + std::to_string(stage - 1) +
+                         ": mismatched microbatch shapes: stage 0 ran the model on an input of shape " +
+                         shape_text(m.x_shape) + ", this stage was given " + shape_text(x.sizes()));
     }
-    stats.wait_seconds += std::chrono::duration<double>(t1 - t0).count();
+    if (first()) m.x_shape = x.sizes().vec();
+    if (x.dim() > kMaxDims) throw UsageError(where(mb) + ": a model input of more than 12 dimensions");
+    at::Tensor h = first() ? x : m.input;
+    const auto t1 = Clock::now();
     int64_t bytes = 0;
     for (auto& layer : layers) {
       h = layer(h);
@@ -533,8 +512,18 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     if (h.dim() > kMaxDims) throw UsageError(where(mb) + ": an activation of more than 12 dimensions");
     // The gradient must come back even through a stage without parameters.
     if (!h.requires_grad() && at::isFloatingType(h.scalar_type())) h = h.detach().requires_grad_(true);
-    post(header(0, mb, h, x), stage + 1, kHeader);
-    m.send = comm.isend(h, stage + 1, tag_of(kAct));
+    m.output = h;
+    // The stand-in needs the output's shape, which the last stage sends
+    // after its first forward of a model input of this shape: the
+    // activation must be on its way first. The built-in schedules (and
+    // with_comms) put SEND_F right after F; it runs here, and its action
+    // then finds it done.
+    if (!out_shapes.count(key_of(x))) {
+      const auto& list = g_step->list;
+      const size_t next = g_step->current + 1;
+      if (next < list.size() && list[next].kind == ActionKind::kSendF && list[next].microbatch == mb)
+        send_activation(mb);
+    }
     const std::vector<int64_t> o = output_shape(mb, x);
     at::Tensor stand_in = at::zeros(std::vector<int64_t>(o.begin() + 2, o.end()),
                                     at::TensorOptions().dtype(static_cast<at::ScalarType>(o[0])));
@@ -556,65 +545,123 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
                        (loss.defined() ? shape_text(loss.sizes()) : std::string("an undefined tensor")));
     if (m.target_tensor.requires_grad() && !depends_on(loss, m.target.get(), m.target_tensor))
       throw UsageError(what + ": the loss does not depend on the model's output");
-    if (mb > 0 && !mbs[0].backward_requested)
-      throw UsageError(what + ": microbatch 0 did not call model.backward (every microbatch of a training step "
-                              "must, or none)");
+    if (first_called >= 0 && first_called != mb && !mbs[first_called].backward_requested)
+      throw UsageError(what + ": microbatch " + std::to_string(first_called) +
+                       " did not call model.backward (every microbatch of a training step must, or none)");
     m.backward_requested = true;
     if (last()) m.loss = loss.reshape({}) / static_cast<double>(mbs.size());
   }
 
-  void backward(int mb) {
-    Mb& m = mbs[mb];
-    if (!m.forwarded) return;  // checked in after_forward
-    if (mb == 0) training = m.backward_requested;
-    if (training && !m.backward_requested)
+  // After the step function returned for mb: the first call decides whether
+  // the step trains; every later one must agree.
+  void after_call(int mb) {
+    if (first_called < 0) {
+      first_called = mb;
+      training = mbs[mb].backward_requested;
+    } else if (training && !mbs[mb].backward_requested) {
       throw UsageError(where(mb) + ": the step function did not call model.backward in this microbatch (it did in "
-                                   "microbatch 0)");
-    touch();
-    if (training) {
-      // The work ends when the gradient reaches the stage's input (stage 0:
-      // when backward returns); sending it back is waiting.
-      auto account = [&](Clock::time_point start) {
-        const auto end = Clock::now();
-        const auto work_end = first() || m.input_grad_at == Clock::time_point{} ? end : m.input_grad_at;
-        stats.busy_seconds += std::chrono::duration<double>(work_end - start).count();
-        stats.wait_seconds += std::chrono::duration<double>(end - work_end).count();
-      };
-      if (last()) {
-        const auto t = Clock::now();
-        torch::autograd::backward({m.loss});
-        account(t);
-      } else {
-        // Wait for the next stage's gradient first, so that the time spent
-        // waiting is not counted as work.
-        const auto t0 = Clock::now();
-        const int tag = tag_of(kAct) + comm.max_tag();
-        const int peer = stage + 1;
-        wait_for_neighbour(
-            [&] {
-              int flag = 0;
-              PARTITA_MPI_CHECK(MPI_Iprobe(peer, tag, raw, &flag, MPI_STATUS_IGNORE));
-              return flag != 0;
-            },
-            where(mb) + ": waiting for the gradient from stage " + std::to_string(peer));
-        const auto t1 = Clock::now();
-        stats.wait_seconds += std::chrono::duration<double>(t1 - t0).count();
-        at::Tensor sent = comm.wait(m.send);
-        torch::autograd::backward({sent}, {at::zeros_like(sent)});
-        account(t1);
-      }
-      ++stats.backwards;
-    } else if (!last()) {
-      comm.wait(m.send);  // forward only: the send must still finish
+                                   "microbatch " + std::to_string(first_called) + ")");
     }
+  }
+
+  // This stage's parameters that take gradients (W's inputs).
+  std::vector<at::Tensor> trainable() const {
+    std::vector<at::Tensor> out;
+    for (int i = bounds[stage]; i < bounds[stage + 1]; ++i)
+      for (auto& p : children[i]->parameters())
+        if (p.requires_grad()) out.push_back(p);
+    return out;
+  }
+
+  // What a backward starts from: the loss on the last stage, else the
+  // output with the gradient RECV_B brought.
+  std::pair<at::Tensor, std::vector<at::Tensor>> backward_root(int mb, const char* kind) {
+    Mb& m = mbs[mb];
+    if (!m.forwarded) throw UsageError(where(mb) + ": " + kind + " before the forward");
+    if (last()) return {m.loss, {}};
+    if (!m.grad_out.defined())
+      throw UsageError(where(mb) + ": " + kind + " before the output's gradient was received (RECV_B)");
+    return {m.output, {m.grad_out}};
+  }
+
+  // The gradient of the received activation, after backward() put it there.
+  void keep_input_grad(Mb& m) {
+    if (first() || !m.input.defined()) return;
+    m.grad_in = m.input.grad().defined() ? m.input.grad() : at::zeros_like(m.input);
+  }
+
+  void release(int mb) {
+    Mb& m = mbs[mb];
     m.done = true;
-    m.send = mpi::WaitHandle();
-    m.input = at::Tensor();
-    m.loss = at::Tensor();
-    m.target_tensor = at::Tensor();
+    m.input = m.output = m.loss = m.grad_out = m.target_tensor = at::Tensor();
     m.target.reset();
     --stats.live;
     stats.live_bytes -= m.bytes;
+  }
+
+  // One executor action (every kind but F, which runs in the step function).
+  // Without training (an evaluation step) the backward kinds do nothing.
+  void run(const Action& a) {
+    const int mb = a.microbatch;
+    Mb& m = mbs[mb];
+    touch();
+    switch (a.kind) {
+      case ActionKind::kRecvF: receive_activation(mb); break;
+      case ActionKind::kSendF: send_activation(mb); break;
+      case ActionKind::kRecvB: {
+        if (!training) break;
+        const auto t0 = Clock::now();
+        at::Tensor g = at::empty_like(m.output, at::MemoryFormat::Contiguous);
+        receive_into(g, stage + 1, grad_tag(), where(mb) + ": waiting for the gradient from stage " + std::to_string(stage + 1));
+        m.grad_out = g;
+        stats.wait_seconds += seconds_since(t0);
+        break;
+      }
+      case ActionKind::kFullBackward: {
+        if (!training) break;
+        auto [out, grads] = backward_root(mb, "B");
+        const auto t0 = Clock::now();
+        if (out.requires_grad()) torch::autograd::backward({out}, grads);
+        keep_input_grad(m);
+        stats.busy_seconds += seconds_since(t0);
+        ++stats.backwards;
+        release(mb);
+        break;
+      }
+      case ActionKind::kBackwardInput: {
+        if (!training) break;
+        auto [out, grads] = backward_root(mb, "I");
+        const auto t0 = Clock::now();
+        // Only the received activation's gradient; the graph stays for W.
+        if (!first() && m.input.defined() && m.input.requires_grad() && out.requires_grad())
+          torch::autograd::backward({out}, grads, /*retain_graph=*/true, /*create_graph=*/false, {m.input});
+        keep_input_grad(m);
+        stats.busy_seconds += seconds_since(t0);
+        ++stats.backwards;
+        break;
+      }
+      case ActionKind::kBackwardWeight: {
+        if (!training) break;
+        auto [out, grads] = backward_root(mb, "W");
+        const auto t0 = Clock::now();
+        // Only this stage's parameters' gradients (accumulated as a full
+        // backward accumulates them), then the graph goes.
+        const std::vector<at::Tensor> params = trainable();
+        if (!params.empty() && out.requires_grad())
+          torch::autograd::backward({out}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+        stats.busy_seconds += seconds_since(t0);
+        release(mb);
+        break;
+      }
+      case ActionKind::kSendB: {
+        if (!training) break;
+        if (!m.grad_in.defined()) throw UsageError(where(mb) + ": SEND_B before its backward");
+        send_tensor(m.grad_in, stage - 1, grad_tag());
+        m.grad_in = at::Tensor();
+        break;
+      }
+      case ActionKind::kForward: throw UsageError(where(mb) + ": a forward outside the step function");
+    }
     stats.step_seconds = seconds_since(step_start);
   }
 
@@ -695,6 +742,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         for (size_t i = 0; i < list.size(); ++i) *returned[i] = list[i];
       }
     }
+    for (int mb = 0; mb < static_cast<int>(mbs.size()); ++mb)  // an evaluation step's
+      if (mbs[mb].forwarded && !mbs[mb].done) release(mb);
     if (training) all_reduce_gradients();
     end_agreement();
     wait_requests(g_step->inflight.requests, where(0) + ": messages to the other stages");
@@ -860,6 +909,15 @@ at::Tensor DistributedModel::operator()(const at::Tensor& x) {
                        "microbatch 0 did not");
     impl_->begin_step(*g_step);
     g_step->model = impl_.get();
+    const size_t now = g_step->current;
+    for (size_t i : g_step->pending) {
+      g_step->current = i;
+      const Action& a = g_step->list[i];
+      detail::MicrobatchScope scope(a.microbatch, g_step->microbatches);
+      impl_->run(a);
+    }
+    g_step->pending.clear();
+    g_step->current = now;
   }
   if (impl_->mbs[mb].forwarded)
     throw UsageError("smp::DistributedModel: called twice in microbatch " + std::to_string(mb) +
@@ -897,6 +955,45 @@ std::vector<std::pair<std::string, at::Tensor>> DistributedModel::named_paramete
 
 // --- smp::step's side -----------------------------------------------------------
 
+namespace {
+std::optional<Schedule>& g_user_schedule() {
+  static std::optional<Schedule> s;
+  return s;
+}
+
+// The schedule of a step of `microbatches` on `ranks` pipeline ranks: the
+// user's (set_schedule) or the configuration's. What this executor runs:
+// one stage per rank, stage s on mp rank s.
+Schedule step_schedule(int ranks, int microbatches, const std::string& configured) {
+  const auto& user = g_user_schedule();
+  Schedule s;
+  if (user) {
+    s = *user;
+    if (s.ranks != ranks)
+      throw ScheduleError("pipeline schedule: \"" + s.name + "\" is for " + std::to_string(s.ranks) +
+                          " ranks, the pipeline has " + std::to_string(ranks) + " (mp_size)");
+    if (s.microbatches != microbatches)
+      throw ScheduleError("pipeline schedule: \"" + s.name + "\" is for " + std::to_string(s.microbatches) +
+                          " microbatches, the step has " + std::to_string(microbatches));
+  } else {
+    s = build_schedule(configured, ranks, microbatches);
+  }
+  if (s.stages != s.ranks)
+    throw ScheduleError("pipeline schedule: \"" + s.name + "\" has " + std::to_string(s.stages) + " stages on " +
+                        std::to_string(s.ranks) + " ranks; the executor runs one stage per rank (virtual stages are "
+                        "verified, simulated and explained, not yet executed: docs/pipeline.md, \"Not done\")");
+  const std::vector<int> owner = s.stage_ranks();
+  for (int k = 0; k < s.stages; ++k)
+    if (owner[k] != k)
+      throw ScheduleError("pipeline schedule: \"" + s.name + "\" runs stage " + std::to_string(k) + " on rank " +
+                          std::to_string(owner[k]) + "; the executor runs stage s on mp rank s");
+  return s;
+}
+}  // namespace
+
+void set_schedule(std::optional<Schedule> s) { g_user_schedule() = std::move(s); }
+const std::optional<Schedule>& user_schedule() { return g_user_schedule(); }
+
 namespace detail {
 
 std::string describe(const at::Tensor& t) {
@@ -907,10 +1004,16 @@ std::string describe(const at::Tensor& t) {
 PipelineStep::PipelineStep(int microbatches, std::string fingerprint) {
   if (g_step) throw UsageError("smp::step: a step cannot run inside another step");
   const bool pipelined = initialized();
-  const auto order = schedule(pipelined ? pipeline_from_name(config().pipeline) : Pipeline::kSimple,
-                              pipelined ? mp_rank() : 0, pipelined ? mp_size() : 1, microbatches);
-  for (const auto& a : order) actions_.push_back(a.kind == PipelineAction::kForward ? a.microbatch : -a.microbatch - 1);
+  const int ranks = pipelined ? mp_size() : 1, me = pipelined ? mp_rank() : 0;
+  // The whole schedule, verified on every rank before anything is sent: a
+  // bad one raises the same ScheduleError everywhere (docs/pipeline.md).
+  const Schedule s = step_schedule(ranks, microbatches, pipelined ? config().pipeline : std::string("simple"));
+  verify(s);
+  std::vector<Action> list = with_comms(s).actions[me];
+  for (size_t i = 0; i < list.size(); ++i)
+    actions_.push_back(list[i].kind == ActionKind::kForward ? list[i].microbatch : -static_cast<int>(i) - 1);
   g_step = new StepState{microbatches, std::move(fingerprint), nullptr};
+  g_step->list = std::move(list);
   if (pipelined && size() > 1) {
     g_step->epoch = next_step_number();
     g_step->world = communicator(WORLD);
@@ -948,9 +1051,16 @@ void PipelineStep::fail(std::exception_ptr error) noexcept {
         cause = "an exception that is not a std::exception";
       }
       if (cause.size() > 3000) cause = cause.substr(0, 3000) + "...";
-      std::string phase = current_ == kFinish ? std::string("the end of the step")
-                          : current_ >= 0     ? "the forward of microbatch " + std::to_string(current_)
-                                              : "the backward of microbatch " + std::to_string(-current_ - 1);
+      std::string phase = "the end of the step";
+      if (current_ != kFinish && current_ >= 0 && static_cast<size_t>(current_) < g_step->list.size()) {
+        const Action& a = g_step->list[current_];
+        const char* what = a.kind == ActionKind::kForward       ? "the forward"
+                           : a.kind == ActionKind::kFullBackward  ? "the backward"
+                           : a.kind == ActionKind::kBackwardInput ? "the input-gradient backward"
+                           : a.kind == ActionKind::kBackwardWeight ? "the weight-gradient backward"
+                                                                   : "the message";
+        phase = std::string(what) + " of microbatch " + std::to_string(a.microbatch);
+      }
       const std::string text =
           code + std::string("smp::step: ") + who() + " failed in " + phase + ": " + cause;
       const int n = size(), me = rank(), tag = tag_of(kAbort);
@@ -983,6 +1093,7 @@ void PipelineStep::after_forward(int mb, const std::vector<at::Tensor>& returned
   if (!state.forwarded)
     throw UsageError("smp::step: the step function called the DistributedModel in microbatch 0 but not in "
                      "microbatch " + std::to_string(mb));
+  m->after_call(mb);
   if (!state.target_tensor.defined() || !state.target_tensor.requires_grad()) return;  // nothing to trace
   for (const auto& t : returned)
     if (depends_on(t, state.target.get(), state.target_tensor)) return;
@@ -991,11 +1102,21 @@ void PipelineStep::after_forward(int mb, const std::vector<at::Tensor>& returned
                    "smp::DistributedModel (seed 004: it must; return the loss or the output)");
 }
 
-void PipelineStep::backward(int mb) {
-  if (g_step->model) {
-    MicrobatchScope scope(mb, g_step->microbatches);
-    g_step->model->backward(mb);
+void PipelineStep::enter(int index) {
+  current_ = index;
+  if (index >= 0) g_step->current = static_cast<size_t>(index);
+}
+
+void PipelineStep::run(int index) {
+  if (!g_step->model) {
+    // The model is known at its first call; what comes before it (a
+    // RECV_F) runs then. A step function without a model runs nothing.
+    g_step->pending.push_back(static_cast<size_t>(index));
+    return;
   }
+  const Action& a = g_step->list[index];
+  MicrobatchScope scope(a.microbatch, g_step->microbatches);
+  g_step->model->run(a);
 }
 
 void PipelineStep::finish(const std::vector<at::Tensor*>& returned) {

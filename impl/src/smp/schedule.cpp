@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -677,6 +678,69 @@ double theoretical_bubble(const std::string& name, int p, int m, int v) {
   return (p - 1.0) / (m + p - 1.0);
 }
 
+// --- issue 14's interface: one stage's forward/backward order, the balanced split ---
+
+Pipeline pipeline_from_name(const std::string& name) {
+  if (name == "simple") return Pipeline::kSimple;
+  if (name == "interleaved") return Pipeline::kInterleaved;
+  throw ConfigError("smp pipeline: expected \"interleaved\" or \"simple\", got \"" + name + "\"");
+}
+
+const char* name(Pipeline p) { return p == Pipeline::kSimple ? "simple" : "interleaved"; }
+
+std::vector<PipelineAction> schedule(Pipeline p, int stage, int stages, int microbatches) {
+  if (stages < 1 || stage < 0 || stage >= stages || microbatches < 1)
+    throw UsageError("smp::schedule: stage " + std::to_string(stage) + " of " + std::to_string(stages) +
+                     " with " + std::to_string(microbatches) + " microbatches");
+  const Schedule s = p == Pipeline::kSimple ? gpipe(stages, microbatches) : one_f_one_b(stages, microbatches);
+  std::vector<PipelineAction> out;
+  for (const Action& a : s.actions[stage])
+    out.push_back({a.kind == ActionKind::kForward ? PipelineAction::kForward : PipelineAction::kBackward, a.microbatch});
+  return out;
+}
+
+int peak_live(const std::vector<PipelineAction>& actions) {
+  int live = 0, peak = 0;
+  for (const auto& a : actions) {
+    live += a.kind == PipelineAction::kForward ? 1 : -1;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
+std::vector<int> balance_by_parameters(const std::vector<int64_t>& params, int stages) {
+  const int n = static_cast<int>(params.size());
+  if (stages < 1 || n < stages)
+    throw UsageError("smp::DistributedModel: the model has " + std::to_string(n) + " layers, fewer than the " +
+                     std::to_string(stages) +
+                     " pipeline stages (partitions); every stage needs at least one layer");
+  std::vector<int64_t> prefix(n + 1, 0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + params[i];
+  // best[k][i]: the smallest possible largest stage of the first i layers in
+  // k stages; cut[k][i] the start of the last of them (the earliest on ties).
+  const int64_t inf = std::numeric_limits<int64_t>::max();
+  std::vector<std::vector<int64_t>> best(stages + 1, std::vector<int64_t>(n + 1, inf));
+  std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(n + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= stages; ++k)
+    for (int i = k; i <= n - (stages - k); ++i)
+      for (int j = k - 1; j < i; ++j) {
+        if (best[k - 1][j] == inf) continue;
+        const int64_t v = std::max(best[k - 1][j], prefix[i] - prefix[j]);
+        if (v < best[k][i]) {
+          best[k][i] = v;
+          cut[k][i] = j;
+        }
+      }
+  std::vector<int> bounds(stages + 1, 0);
+  bounds[stages] = n;
+  for (int k = stages, i = n; k > 0; --k) {
+    i = cut[k][i];
+    bounds[k - 1] = i;
+  }
+  return bounds;
+}
+
 // --- pictures -----------------------------------------------------------------------
 
 namespace {
@@ -771,7 +835,5 @@ std::string timeline_svg(const Schedule& s, const Simulation& sim) {
   o << "</svg>\n";
   return o.str();
 }
-
-// --- smp's configuration names ------------------------------------------------------
 
 }  // namespace partita::smp

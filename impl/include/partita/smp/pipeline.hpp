@@ -16,12 +16,13 @@
 // The model's layers (a Sequential's children, or any module's ordered
 // children, docs/pipeline.md) are split into mp_size stages of consecutive
 // layers (explicit split points, or balanced by parameter count); stage s
-// runs on mp rank s. Activations travel forward, and their gradients back,
-// through partita::mpi::Communicator's differentiable isend/irecv on the mp
-// group. smp::step calls the step function once per microbatch (the
-// forwards, in microbatch order) and runs the microbatches' backward passes
-// where the schedule puts them: "simple" (GPipe: every forward, then every
-// backward) or "interleaved" (1F1B). On every stage but the last, model(x)
+// runs on mp rank s. smp::step runs this rank's list of a verified schedule
+// (partita/smp/schedule.hpp): "simple" (GPipe), "interleaved" (1F1B),
+// "zero_bubble" (ZB-H1) or one set with set_schedule; the step function is
+// called once per microbatch, at its forward, and the backward passes (full,
+// or split into input and weight gradients) and the messages (activations
+// forward, gradients back, MPI_Isend / MPI_Mrecv on the mp group) run where
+// the list puts them. On every stage but the last, model(x)
 // returns a stand-in of the output's shape (zeros): the step's returned
 // tensors are replaced by the last stage's after the step. With dp_size > 1
 // the replicas average their gradients (point to point over the dp group at
@@ -36,12 +37,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "partita/smp.hpp"
+#include "partita/smp/schedule.hpp"
 
 namespace partita::smp {
 
@@ -54,30 +57,14 @@ struct PipelineError : Error {
   using Error::Error;
 };
 
-enum class Pipeline { kSimple, kInterleaved };
-// "simple" / "interleaved" (the Config's pipeline field); ConfigError otherwise.
-Pipeline pipeline_from_name(const std::string& name);
-const char* name(Pipeline p);
-
-struct PipelineAction {
-  enum Kind { kForward, kBackward };
-  Kind kind;
-  int microbatch;
-  bool operator==(const PipelineAction& o) const { return kind == o.kind && microbatch == o.microbatch; }
-};
-
-// Pure (no MPI): the order in which `stage` of `stages` runs the forward and
-// backward passes of `microbatches` microbatches. Forwards come in
-// microbatch order, and so do backwards, on every stage.
-std::vector<PipelineAction> schedule(Pipeline p, int stage, int stages, int microbatches);
-// The most microbatches whose forward has run and backward has not, along
-// `actions`.
-int peak_live(const std::vector<PipelineAction>& actions);
-// Contiguous stages of at least one layer each minimising the largest
-// stage's parameter count; returns the stage bounds (stages + 1 numbers,
-// stage s holds layers [b[s], b[s+1])). Among equal maxima, the earliest
-// split points. UsageError when there are fewer layers than stages.
-std::vector<int> balance_by_parameters(const std::vector<int64_t>& params_per_layer, int stages);
+// A schedule of the user's own (built in code, or read with
+// schedule_from_csv) for the steps that follow; set it alike on every rank.
+// std::nullopt returns to Config::pipeline. Like the built-ins it is
+// verified at every step before the first message (ScheduleError on every
+// rank), and it must be for mp_size ranks, the step's microbatch count, one
+// stage per rank with stage s on mp rank s.
+void set_schedule(std::optional<Schedule> s);
+const std::optional<Schedule>& user_schedule();
 
 // Counters of this stage, for the last step (docs/pipeline.md). An
 // activation is a microbatch whose forward ran here and whose backward has

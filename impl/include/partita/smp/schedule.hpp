@@ -186,4 +186,31 @@ double theoretical_bubble(const std::string& name, int ranks, int microbatches, 
 std::string timeline_text(const Schedule& s, const Simulation& sim);
 std::string timeline_svg(const Schedule& s, const Simulation& sim);
 
+// --- issue 14's interface ---------------------------------------------------------
+
+enum class Pipeline { kSimple, kInterleaved };
+// "simple" / "interleaved" (the Config's pipeline field); ConfigError otherwise.
+Pipeline pipeline_from_name(const std::string& name);
+const char* name(Pipeline p);
+
+struct PipelineAction {
+  enum Kind { kForward, kBackward };
+  Kind kind;
+  int microbatch;
+  bool operator==(const PipelineAction& o) const { return kind == o.kind && microbatch == o.microbatch; }
+};
+
+// Pure (no MPI): the order in which `stage` of `stages` runs the forward and
+// backward passes of `microbatches` microbatches. Forwards come in
+// microbatch order, and so do backwards, on every stage.
+std::vector<PipelineAction> schedule(Pipeline p, int stage, int stages, int microbatches);
+// The most microbatches whose forward has run and backward has not, along
+// `actions`.
+int peak_live(const std::vector<PipelineAction>& actions);
+// Contiguous stages of at least one layer each minimising the largest
+// stage's parameter count; returns the stage bounds (stages + 1 numbers,
+// stage s holds layers [b[s], b[s+1])). Among equal maxima, the earliest
+// split points. UsageError when there are fewer layers than stages.
+std::vector<int> balance_by_parameters(const std::vector<int64_t>& params_per_layer, int stages);
+
 }  // namespace partita::smp

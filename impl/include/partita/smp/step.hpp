@@ -317,20 +317,22 @@ class PipelineStep {
   PipelineStep(const PipelineStep&) = delete;
   PipelineStep& operator=(const PipelineStep&) = delete;
 
-  // Forward mb: >= 0; backward of mb: -(mb + 1).
+  // This rank's actions in order (the verified schedule's list, messages
+  // included): >= 0, call the step function for that microbatch (its F);
+  // -(i + 1), the executor's action i (run(i)).
   const std::vector<int>& actions() const { return actions_; }
   // After the step function returned for mb: checks that what it returned
   // depends on the model's output (seed 004), if the model ran.
   void after_forward(int mb, const std::vector<at::Tensor>& returned);
-  void backward(int mb);
+  void run(int index);
   // The last stage's returned tensors replace this stage's (every
   // microbatch's, in order); then the dp average of the gradients and the
   // step's end agreement. Every stage calls it.
   void finish(const std::vector<at::Tensor*>& returned);
-  // What the step runs now (an action as above, or kFinish): named in the
-  // message the other stages get if this rank fails.
+  // What the step runs now (an index into actions(), or kFinish): named in
+  // the message the other stages get if this rank fails.
   static constexpr int kFinish = std::numeric_limits<int>::min();
-  void enter(int action) { current_ = action; }
+  void enter(int index);
   // The step threw on this rank: unless the error came from another rank's
   // failure, tell every other rank (docs/pipeline.md, "Errors"); leave
   // nothing posted that a later step could match. Never throws.
@@ -373,10 +375,11 @@ class Step {
     // pipeline every rank raises instead of waiting for it.
     try {
       if constexpr (std::is_void_v<R>) {
-        for (int a : pipe.actions()) {
-          pipe.enter(a);
+        for (size_t i = 0; i < pipe.actions().size(); ++i) {
+          const int a = pipe.actions()[i];
+          pipe.enter(static_cast<int>(i));
           if (a < 0) {
-            pipe.backward(-a - 1);
+            pipe.run(-a - 1);
             continue;
           }
           run(a);
@@ -386,10 +389,11 @@ class Step {
         pipe.finish({});
       } else {
         std::vector<std::optional<R>> slots(n);
-        for (int a : pipe.actions()) {
-          pipe.enter(a);
+        for (size_t i = 0; i < pipe.actions().size(); ++i) {
+          const int a = pipe.actions()[i];
+          pipe.enter(static_cast<int>(i));
           if (a < 0) {
-            pipe.backward(-a - 1);
+            pipe.run(-a - 1);
             continue;
           }
           slots[a].emplace(run(a));
