@@ -402,5 +402,108 @@ TEST(CommunicatorMisuse, IsendWhoseWaitIsNotInTheGraph) {
   expect_error("isend backward", "wait's backward did not", [&] { res.sum().backward(); });
 }
 
+// ---- Inputs that take no part in the values get zeros (issue 33) -----------
+//
+// mpi4torch gives every dummy of JoinDummies a zeros_like gradient, so a leaf
+// dummy's .grad reads zeros after backward (its test_joindummies.py); a
+// dummy-like input of irecv (only shape, dtype and the edge are used) or of
+// scatter off the root, and a zero-volume input, get a defined gradient too.
+
+// .grad of `leaf` is defined, shaped like it and all zeros.
+std::string zero_grad(const at::Tensor& leaf, const std::string& what) {
+  if (!leaf.grad().defined()) return what + ": .grad is undefined";
+  if (leaf.grad().sizes() != leaf.sizes() || leaf.grad().scalar_type() != leaf.scalar_type())
+    return what + ": .grad's shape or dtype differs from the leaf's";
+  if (leaf.grad().numel() > 0 && leaf.grad().abs().max().item<double>() != 0)
+    return what + ": .grad is not zero";
+  return "";
+}
+
+TEST(CommunicatorDummies, JoinDummiesGivesLeafDummiesZeros) {
+  // mpi4torch's test restated, with dummies of other dtypes and shapes, a
+  // zero-dimensional one, one reached through an operation, one repeated.
+  at::Tensor a = input_of(90, me(), {10}, at::kDouble).requires_grad_();
+  at::Tensor d1 = input_of(91, me(), {10}, at::kDouble).requires_grad_();
+  at::Tensor d2 = input_of(92, me(), {3, 4}, at::kFloat).requires_grad_();
+  at::Tensor d3 = input_of(93, me(), {}, at::kDouble).requires_grad_();
+  at::Tensor w = input_of(94, me(), {2}, at::kDouble).requires_grad_();
+  at::Tensor res = world().allreduce(a, ReduceOp::kSum);
+  at::Tensor joined = mpi::join_dummies(res, {d1, d2, d3, w * 3, d1, at::Tensor()});
+  EXPECT_EQ(joined.data_ptr(), res.data_ptr());
+  const at::Tensor v = input_of(95, me(), {10}, at::kDouble);
+  (joined * v).sum().backward();
+  expect_ok(zero_grad(d1, "dummy d1 (also given twice)"));
+  expect_ok(zero_grad(d2, "float32 dummy d2"));
+  expect_ok(zero_grad(d3, "zero-dimensional dummy d3"));
+  expect_ok(zero_grad(w, "w, reached through the dummy w * 3"));
+  // The loopthrough's gradient is untouched: a's is the sum of every rank's v.
+  expect_ok(compare(a.grad(), world().allreduce(v, ReduceOp::kSum)));
+}
+
+TEST(CommunicatorDummies, JoinDummiesHandleGivesLeafDummiesZeros) {
+  // The seed's ring, with a leaf joined to the isend's handle beside b.
+  const Communicator comm = world().dup();
+  const int next = (me() + 1) % P(), prev = (me() - 1 + P()) % P();
+  at::Tensor a = input_of(96, me(), {4}, at::kDouble).requires_grad_();
+  at::Tensor leaf = input_of(97, me(), {2, 3}, at::kFloat).requires_grad_();
+  auto h = comm.isend(a, next, 0);
+  at::Tensor b = comm.recv(mpi::join_dummies(torch::empty_like(a), {h.dummy()}), prev, 0);
+  at::Tensor w = comm.wait(mpi::join_dummies_handle(h, {b, leaf}));
+  at::Tensor res = mpi::join_dummies(a * 2 + b * 3, {w});
+  res.sum().backward();
+  expect_ok(zero_grad(leaf, "leaf joined to the handle"));
+  // a's gradient: 2 from a * 2, and 3 sent back by next from its b * 3.
+  expect_ok(compare(a.grad(), torch::full({4}, 5.0, at::kDouble)));
+}
+
+TEST(CommunicatorDummies, InputsThatOnlyGiveTheEdgeGetZeros) {
+  const Communicator comm = world().dup();
+  const int next = (me() + 1) % P(), prev = (me() - 1 + P()) % P();
+  // irecv's t: shape, dtype and edge only (the message replaces it); a
+  // leaf passed straight to recv, no join on the way. The isend does not
+  // require grad: the adjoint message b's backward sends to prev is
+  // received here by hand (posted before backward, so the send completes).
+  at::Tensor a = input_of(98, me(), {3}, at::kDouble);
+  at::Tensor t = input_of(99, me(), {3}, at::kDouble).requires_grad_();
+  auto h = comm.isend(a, next, 1);
+  at::Tensor b = comm.recv(t, prev, 1);
+  comm.wait(h);
+  at::Tensor adjoint = at::empty({3}, at::kDouble);
+  MPI_Request req;
+  ASSERT_EQ(MPI_Irecv(adjoint.data_ptr(), 3, MPI_DOUBLE, next, 1 + comm.max_tag(), comm.comm(), &req),
+            MPI_SUCCESS);
+  (b * 2).sum().backward();
+  MPI_Wait(&req, MPI_STATUS_IGNORE);
+  expect_ok(zero_grad(t, "irecv's t"));
+  expect_ok(compare(adjoint, torch::full({3}, 2.0, at::kDouble)));
+  // scatter's t off the root (not read there); the root's gets the gather.
+  at::Tensor s = input_of(100, me(), {P(), 2}, at::kDouble).requires_grad_();
+  at::Tensor piece = comm.scatter(s, 0, 1, 0);
+  const at::Tensor v = input_of(101, me(), {1, 2}, at::kDouble);
+  (piece * v).sum().backward();
+  const at::Tensor gathered = comm.gather(v, 0, 0);  // (collective: every rank)
+  if (me() != 0) expect_ok(zero_grad(s, "scatter's t off the root"));
+  else expect_ok(compare(s.grad(), gathered));
+}
+
+TEST(CommunicatorDummies, ZeroVolumeAndUnusedOutputsGetZeros) {
+  // allgather / gather / alltoall with extent 0 on rank 0: its leaf's
+  // gradient is defined (zero-volume), as torch's for an empty leaf.
+  const int64_t k = me() == 0 ? 0 : 2;
+  at::Tensor e = input_of(102, me(), {k, 3}, at::kDouble).requires_grad_();
+  at::Tensor g = world().allgather(e, 0);
+  (g * input_of(103, 0, g.sizes().vec(), at::kDouble)).sum().backward();
+  if (me() == 0) expect_ok(zero_grad(e, "allgather's zero-volume input"));
+  else EXPECT_TRUE(e.grad().defined() && e.grad().sizes() == e.sizes());
+  // An output used only as a dummy: its input's gradient is the adjoint of
+  // zeros, defined on every rank.
+  at::Tensor x = input_of(104, me(), {4}, at::kDouble).requires_grad_();
+  at::Tensor y = world().allreduce(x, ReduceOp::kSum);
+  at::Tensor z = input_of(105, me(), {2}, at::kDouble).requires_grad_();
+  mpi::join_dummies(z * 1.0, {y}).sum().backward();
+  expect_ok(zero_grad(x, "allreduce's input, its output only a dummy"));
+  expect_ok(compare(z.grad(), torch::ones({2}, at::kDouble)));
+}
+
 }  // namespace
 }  // namespace partita::testing::comm

@@ -91,17 +91,35 @@ struct WaitBackward : torch::autograd::Node {
   std::string name() const override { return "WaitBackward"; }
 };
 
+// Zeros to every dummy (mpi4torch's JoinDummiesBackward gives each its
+// zeros_like): a leaf dummy's .grad is zeros after backward, as it is there
+// (issue 33). The zeros are a zero-stride view of one scalar: nothing to
+// allocate or fill; AccumulateGrad turns them into a dense .grad, and where a
+// dummy is also used for its values (the ring's b) the engine adds them to
+// its other gradient. The one exception is a dummy whose node is an
+// isend/irecv's (a handle's dummy): that node never reads the value of its
+// gradient, only waits for it, so it gets none, as before.
+at::Tensor zeros_of(const std::vector<int64_t>& sizes, at::ScalarType type) {
+  return zero_scalar(type).expand(sizes);
+}
+
 struct JoinDummiesBackward : torch::autograd::Node {
   std::vector<std::vector<int64_t>> sizes;
-  std::vector<at::TensorOptions> options;
+  std::vector<at::ScalarType> types;
   variable_list apply(variable_list&& grads) override {
     variable_list out(sizes.size());
-    out[0] = grads.empty() ? at::Tensor() : grads[0];
-    // No gradient (undefined) for the dummies: the engine still runs their
-    // branches (a node runs once all its inputs are in, defined or not), and
-    // an undefined gradient costs nothing to add where a dummy is also used
-    // for its values (the ring's b); zeros would cost a pass over the data.
-    // The seed's ring tests fail if a branch is skipped.
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const auto& next = next_edge(i);
+      if (!next.is_valid()) continue;
+      if (i == 0 && !grads.empty() && grads[0].defined()) {
+        out[0] = std::move(grads[0]);
+        continue;
+      }
+      // The loopthrough without a gradient (this node ran because the join
+      // is in the graph, e.g. as another join's dummy) is zero, like a dummy.
+      if (dynamic_cast<const NonBlockingBackward*>(next.function.get())) continue;
+      out[i] = zeros_of(sizes[i], types[i]);
+    }
     return out;
   }
   std::string name() const override { return "JoinDummiesBackward"; }
@@ -213,12 +231,13 @@ at::Tensor join_dummies(const at::Tensor& loopthrough, const std::vector<at::Ten
   torch::autograd::edge_list edges;
   edges.push_back(torch::autograd::impl::gradient_edge(loopthrough));
   node->sizes.push_back(loopthrough.sizes().vec());
-  node->options.push_back(loopthrough.options());
+  node->types.push_back(loopthrough.scalar_type());
   for (const auto& d : dummies) {
-    edges.push_back(d.defined() ? torch::autograd::impl::gradient_edge(d)
-                                : torch::autograd::Edge());
+    // Only a dummy that requires grad gets an edge (and so a gradient).
+    const bool edge = d.defined() && torch::autograd::compute_requires_grad(d);
+    edges.push_back(edge ? torch::autograd::impl::gradient_edge(d) : torch::autograd::Edge());
     node->sizes.push_back(d.defined() ? d.sizes().vec() : std::vector<int64_t>{});
-    node->options.push_back(d.defined() ? d.options() : at::TensorOptions(at::kDouble));
+    node->types.push_back(d.defined() ? d.scalar_type() : at::kDouble);
   }
   node->set_next_edges(std::move(edges));
   at::Tensor out;

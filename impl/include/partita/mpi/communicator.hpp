@@ -132,8 +132,9 @@ class Communicator {
 };
 
 // Forward: `loopthrough` (sharing its storage). Backward: the gradient goes
-// to loopthrough, and zeros to every dummy, so that the dummies' branches of
-// the graph run in backward. Without a dummy that requires grad, returns
+// to loopthrough, and zeros to every dummy (as mpi4torch: a leaf dummy's
+// .grad reads zeros after backward), so that the dummies' branches of the
+// graph run in backward. Without a dummy that requires grad, returns
 // loopthrough itself.
 at::Tensor join_dummies(const at::Tensor& loopthrough, const std::vector<at::Tensor>& dummies);
 // The same for a wait handle: the handle's dummy is joined.
