@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include <climits>
+
 #include "data_spec.hpp"
 #include "partita/errors.hpp"
 #include "partita/mpi/buffer_cache.hpp"
@@ -353,6 +355,49 @@ TEST(MpiHaloErrors, WidthsMustAgree) {
     raised = std::string(e.what()).find("different ghost widths") != std::string::npos;
   }
   EXPECT_TRUE(agreed(raised || !px.active()));
+}
+
+// Issue 35 item 5: a message above MPI's count limit (INT_MAX elements)
+// raises on every rank of the layer before anything is posted. The inputs
+// are expanded (zero-stride) byte tensors: their headers ask for such
+// counts and nothing of that size is allocated (the plan is made from the
+// headers, before any copy).
+//
+// Workers 0, 1, 2 hold rows {0,1}, {2}, {3} of a 4 x N global tensor, N =
+// 1.5e9 (one row fits in an int, two do not); P_y on world ranks [1, 2]
+// wants rows 0-1 on rank 1 and rows 2-3 on rank 2. Rank 0 would send 2N
+// elements to rank 1 (too many), rank 1 sends row 2 to rank 2 (fits), rank
+// 2 keeps row 3: rank 2's own counts fit, and it must still raise instead
+// of waiting for a message rank 1 never posts.
+TEST(MpiLargeMessages, RepartitionRaisesOnEveryRankBeforePosting) {
+  if (mpi::world_size() < 3) GTEST_SKIP() << "needs 3 ranks, running at " << mpi::world_size();
+  const int me = mpi::world_rank();
+  const int64_t N = 1500000000;
+  const auto px = cartesian({0, 1, 2}, {3, 1});
+  const auto py = cartesian({1, 2}, {2, 1});
+  nn::Repartition layer(px, py);
+  const at::Tensor x = px.active() ? at::zeros({1, 1}, at::kByte).expand({me == 0 ? 2 : 1, N})
+                                   : at::zeros({0}, at::kByte);
+  expect_shape_error([&] { layer(x); }, "above the MPI count limit", me < 3);
+  // The same layer still works on a small tensor afterwards.
+  const at::Tensor small = px.active() ? at::full({me == 0 ? 2 : 1, 3}, me, at::kDouble)
+                                       : at::zeros({0}, at::kDouble);
+  const at::Tensor y = layer(small);
+  bool ok = true;
+  if (me == 1) ok = at::equal(y, at::zeros({2, 3}, at::kDouble));
+  if (me == 2) ok = at::equal(y, at::cat({at::full({1, 3}, 1.0, at::kDouble), at::full({1, 3}, 2.0, at::kDouble)}));
+  EXPECT_TRUE(agreed(ok)) << "rank " << me << ": " << y;
+}
+
+// The halo exchange's ghost rows of 2^31 + 1 bytes: both neighbours raise
+// before posting (and before the window is copied).
+TEST(MpiLargeMessages, HaloRaisesOnEveryRankBeforePosting) {
+  if (mpi::world_size() < 2) GTEST_SKIP() << "needs 2 ranks, running at 1";
+  const int64_t N = int64_t{INT_MAX} + 2;
+  const auto px = cartesian({0, 1}, {2, 1});
+  nn::HaloExchange halo(px, Shape{1, 0}, Shape{1, 0});
+  const at::Tensor x = px.active() ? at::zeros({1, 1}, at::kByte).expand({3, N}) : at::zeros({0}, at::kByte);
+  expect_shape_error([&] { halo(x); }, "above the MPI count limit", px.active());
 }
 
 }  // namespace

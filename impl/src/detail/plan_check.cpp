@@ -1,6 +1,7 @@
 #include "detail/plan_check.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 
 #include "detail/agreement.hpp"
@@ -48,6 +49,19 @@ void add_team_claims(std::vector<PeerClaim>& claims, const Partition& P, const R
     c.recv += recv[i];
     c.dtype = dtype;
   }
+}
+
+void check_counts(const Partition& P, const std::string& what, int64_t largest) {
+  if (!P.active()) return;
+  LocalError error;
+  if (largest > INT_MAX) {
+    error.text = what + ": worker " + std::to_string(world_rank()) + " would pass MPI a count of " +
+                 std::to_string(largest) +
+                 " elements, above the MPI count limit (INT_MAX = 2147483647); nothing was sent";
+    error.kind = ErrorKind::Shape;
+    error.rule = rule_code::kCountOverflow;
+  }
+  agree(P.comm(), (what + " count check").c_str(), Fingerprint{}, error);
 }
 
 void check_plan(const Partition& P, const std::string& what, const std::vector<PeerClaim>& claims) {

@@ -36,6 +36,17 @@ void set_checked_mode(bool on);
 // active members of P; a no-op outside checked mode or when P is inactive.
 void check_plan(const Partition& P, const std::string& what, const std::vector<PeerClaim>& claims);
 
+// Issue 35 item 5: a count above INT_MAX (MPI's int) raises on every
+// active member of P before anything of the call is posted. `largest` is
+// the largest count this rank's plan will hand MPI (the elements of one
+// message, or one extent of a subarray datatype). Runs whatever the checked
+// mode: a rank whose own counts fit cannot know that a partner's do not
+// (a rank posting a receive from a partner that has already thrown would
+// wait forever, and a rank throwing after it posted a receive would free a
+// buffer MPI may still write into). One allreduce per plan; plans are made
+// once (detail/plan_cache.hpp), so not per call.
+void check_counts(const Partition& P, const std::string& what, int64_t largest);
+
 // Adds a shared team (a collective) to `claims`: every other member of
 // `team` gets the team's fingerprint and one more message; send/recv
 // counts are set by the caller.

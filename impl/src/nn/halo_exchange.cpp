@@ -2,6 +2,8 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+
 #include "detail/agreement.hpp"
 #include "detail/box_view.hpp"
 #include "detail/layer_checks.hpp"
@@ -215,6 +217,13 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     auto p = std::make_shared<HaloPlan>();
     p->steps = plan(headers);
     p->attach = any_requires_grad(headers);
+    // Every message's count, agreed before any is posted (issue 35 item 5);
+    // the adjoint moves the same boxes the other way.
+    int64_t largest = 0;
+    for (const auto& s : p->steps)
+      for (const BoxRoute* r : {&s.r_ghost_lo, &s.r_ghost_hi, &s.r_for_lo, &s.r_for_hi})
+        largest = std::max(largest, r->elements);
+    check_counts(P_x, name, largest);
     check_plan(P_x, name, claims(p->steps, headers[0].scalar_type()));
     plans.insert(headers, p);
     return p;

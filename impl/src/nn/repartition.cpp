@@ -2,6 +2,8 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+#include <functional>
 #include <memory>
 
 #include "detail/box_view.hpp"
@@ -201,13 +203,25 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
     int64_t sent = 0;
     for (const auto& s : c->p.sends) sent += s.slice.size();
     c->covers_x = sent == volume(c->x_shape);
-    check_plan(P_union, name, claims(c->p, c->dtype));
-    const MPI_Datatype element = mpi_datatype(c->dtype);
     const Shape y_shape = P_y.active() ? c->p.out_shape : Shape{0};
     const int me = mpi::world_rank();
+    const bool all = how == RepartitionExchange::kAlltoallw;
+    // Every count this plan hands MPI, agreed before any message is posted
+    // (issue 35 item 5): point-to-point, each message's elements;
+    // alltoallw, every extent of the subarray datatypes, which address
+    // every piece, the rank's own included.
+    int64_t largest = 0;
+    for (const auto* list : {&c->p.sends, &c->p.recvs})
+      for (const auto& t : *list)
+        if (t.partner != me && !all) largest = std::max(largest, t.slice.size());
+    if (all)
+      for (const Shape& s : {std::cref(c->x_shape), std::cref(y_shape)})
+        for (int64_t extent : s) largest = std::max(largest, extent);
+    check_counts(P_union, name, largest);
+    check_plan(P_union, name, claims(c->p, c->dtype));
+    const MPI_Datatype element = mpi_datatype(c->dtype);
     // Self-transfers are copied, not sent: nothing to plan but the copy,
     // except that alltoallw moves them too.
-    const bool all = how == RepartitionExchange::kAlltoallw;
     const int64_t elsize = static_cast<int64_t>(c10::elementSize(c->dtype));
     const Box* self_send = nullptr;
     const Box* self_recv = nullptr;
