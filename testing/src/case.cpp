@@ -63,8 +63,11 @@ struct Field {
   // Keys of this object not in `known` are typos or fields of another version.
   void only(std::initializer_list<const char*> known) const {
     if (!v.is_object()) fail();
-    for (const auto& [k, e] : v.items())
-      if (std::none_of(known.begin(), known.end(), [&](const char* n) { return k == n; }))
+    // (No structured binding: clang before 16 cannot capture one in a
+    // lambda, and the fuzz target builds this file with clang++-14.)
+    for (const auto& item : v.items())
+      if (const std::string& k = item.key();
+          std::none_of(known.begin(), known.end(), [&](const char* n) { return k == n; }))
         throw CaseError(source + ": field \"" + path + "." + k + "\": unknown (expected " + expected +
                         ")");
   }
@@ -93,6 +96,12 @@ PartitionSpec spec_from(const Field& f) {
   s.ranks = ranks.small_integers(0);
   const Field shape = f.member("shape", "an array of positive integers");
   s.shape = shape.integers(1);
+  // Extents are positive: a product that overflows is far above any rank
+  // count (volume() itself would overflow; found by fuzz/case_reader_fuzz).
+  int64_t product = 1;
+  for (int64_t e : s.shape)
+    if (__builtin_mul_overflow(product, e, &product))
+      shape.fail(" (its volume exceeds 2^63; " + std::to_string(s.ranks.size()) + " ranks are listed)");
   if (volume(s.shape) != static_cast<int64_t>(s.ranks.size()))
     shape.fail(" (its volume " + std::to_string(volume(s.shape)) + " is not the " +
                std::to_string(s.ranks.size()) + " ranks listed)");
@@ -228,7 +237,9 @@ Case Case::from_json(const json::Value& v, const std::string& source) {
   if (!v.is_object())
     throw CaseError(source + ": expected a JSON object (a case), got " + json::dump(v).substr(0, 60));
   Case c;
-  for (const auto& [key, value] : v.items()) {
+  for (const auto& item : v.items()) {
+    const std::string& key = item.key();
+    const auto& value = item.value();
     const auto it = std::find_if(std::begin(kRules), std::end(kRules),
                                  [&](const Rule& r) { return key == r.name; });
     if (it == std::end(kRules)) {
