@@ -40,6 +40,7 @@
 #include "partita/smp/communicators.hpp"
 #include "partita/smp/message.hpp"
 #include "partita/smp/step.hpp"
+#include "stages.hpp"
 
 namespace partita::smp {
 
@@ -782,40 +783,6 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   }
 };
 
-namespace {
-
-std::vector<detail::LayerAdapter>& layer_adapters() {
-  static std::vector<detail::LayerAdapter> v;
-  return v;
-}
-
-template <typename Impl>
-detail::LayerCall call_as(const std::shared_ptr<torch::nn::Module>& m) {
-  auto p = std::dynamic_pointer_cast<Impl>(m);
-  if (!p) return {};
-  return [p](const at::Tensor& x) -> at::Tensor { return p->forward(x); };
-}
-
-// How to call a child of a model that is not a Sequential: a Sequential,
-// one of torch::nn's one-tensor modules, or a registered type.
-detail::LayerCall layer_call(const std::shared_ptr<torch::nn::Module>& m) {
-  if (auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(m))
-    return [seq](const at::Tensor& x) -> at::Tensor { return seq->forward(x); };
-  using namespace torch::nn;
-  for (auto f : {&call_as<LinearImpl>, &call_as<Conv1dImpl>, &call_as<Conv2dImpl>, &call_as<EmbeddingImpl>,
-                 &call_as<LayerNormImpl>, &call_as<BatchNorm1dImpl>, &call_as<BatchNorm2dImpl>, &call_as<DropoutImpl>,
-                 &call_as<GELUImpl>, &call_as<ReLUImpl>, &call_as<SiLUImpl>, &call_as<TanhImpl>, &call_as<SigmoidImpl>,
-                 &call_as<IdentityImpl>, &call_as<FlattenImpl>})
-    if (auto c = f(m)) return c;
-  for (const auto& adapter : layer_adapters())
-    if (auto c = adapter(m)) return c;
-  return {};
-}
-
-}  // namespace
-
-void detail::add_layer_adapter(LayerAdapter adapter) { layer_adapters().push_back(std::move(adapter)); }
-
 DistributedModel::DistributedModel(torch::nn::Sequential model, std::vector<int> split_points)
     : DistributedModel(std::static_pointer_cast<torch::nn::Module>(model.ptr()), std::move(split_points)) {}
 
@@ -826,74 +793,11 @@ DistributedModel::DistributedModel(std::shared_ptr<torch::nn::Module> model, std
   m.root = model;
   m.stage = mp_rank();
   m.stages = mp_size();
-  // The layers and how to call them; a model the pipeline cannot run is an
-  // error on every rank (agreed below with the layer counts).
-  std::vector<detail::LayerCall> calls;
-  std::string problem;
-  if (auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model)) {
-    size_t i = 0;
-    for (const auto& layer : *seq) {
-      m.names.push_back(std::to_string(i++));
-      m.children.push_back(layer.ptr());
-      calls.push_back([any = torch::nn::AnyModule(layer)](const at::Tensor& x) mutable -> at::Tensor {
-        return any.forward<at::Tensor>(x);
-      });
-    }
-  } else {
-    for (const auto& item : model->named_children()) {
-      m.names.push_back(item.key());
-      m.children.push_back(item.value());
-      calls.push_back(layer_call(item.value()));
-      if (!calls.back() && problem.empty())
-        problem = "child " + std::to_string(m.names.size() - 1) + " ('" + item.key() + "', a " +
-                  item.value()->name() +
-                  ") is not a layer the pipeline can call: a child must be a torch::nn::Sequential, one of "
-                  "torch::nn's one-tensor modules (Linear, Conv1d, Conv2d, Embedding, LayerNorm, BatchNorm1d, "
-                  "BatchNorm2d, Dropout, GELU, ReLU, SiLU, Tanh, Sigmoid, Identity, Flatten) or a type given to "
-                  "smp::register_layer<T>() (T with at::Tensor forward(at::Tensor)); or put the layers in a "
-                  "torch::nn::Sequential";
-    }
-    const auto own = model->named_parameters(/*recurse=*/false);
-    if (problem.empty() && own.size() > 0)
-      problem = "the model (a " + model->name() + ") has parameters of its own ('" + own.begin()->key() +
-                "'), outside its children; the pipeline runs only the children, so they would not be trained: "
-                "move them into a child";
-  }
-  const int n = static_cast<int>(m.children.size());
-  // Every rank of the replica must have built the same number of layers.
-  const auto counts = allgather(problem.empty() ? std::to_string(n) : "!" + problem, MP_GROUP);
-  for (int s = 0; s < m.stages; ++s)
-    if (!counts[s].empty() && counts[s][0] == '!')
-      throw UsageError("smp::DistributedModel: on stage " + std::to_string(s) + ", " + counts[s].substr(1));
-  for (int s = 0; s < m.stages; ++s)
-    if (counts[s] != counts[0])
-      throw UsageError("smp::DistributedModel: the stages built different models: stage 0 has " + counts[0] +
-                       " layers, stage " + std::to_string(s) + " has " + counts[s]);
-  if (split_points.empty()) {
-    std::vector<int64_t> params;
-    for (const auto& child : m.children) {
-      int64_t c = 0;
-      for (const auto& p : child->parameters()) c += p.numel();
-      params.push_back(c);
-    }
-    m.bounds = balance_by_parameters(params, m.stages);
-  } else {
-    if (static_cast<int>(split_points.size()) != m.stages - 1)
-      throw UsageError("smp::DistributedModel: " + std::to_string(split_points.size()) +
-                       " split points for " + std::to_string(m.stages) + " stages (it needs " +
-                       std::to_string(m.stages - 1) + ")");
-    if (n < m.stages) balance_by_parameters(std::vector<int64_t>(n, 0), m.stages);  // raises
-    m.bounds = {0};
-    for (int p : split_points) {
-      if (p <= m.bounds.back() || p >= n)
-        throw UsageError("smp::DistributedModel: split points must increase within (0, " + std::to_string(n) +
-                         "), every stage holding at least one layer; got " + std::to_string(p) + " after " +
-                         std::to_string(m.bounds.back()));
-      m.bounds.push_back(p);
-    }
-    m.bounds.push_back(n);
-  }
-  for (int i = m.bounds[m.stage]; i < m.bounds[m.stage + 1]; ++i) m.layers.push_back(calls[i]);
+  detail::Stages st = detail::split_into_stages(model, split_points, m.stages);
+  m.names = std::move(st.names);
+  m.children = std::move(st.children);
+  m.bounds = std::move(st.bounds);
+  for (int i = m.bounds[m.stage]; i < m.bounds[m.stage + 1]; ++i) m.layers.push_back(st.calls[i]);
   m.raw = communicator(MP_GROUP);
   m.comm = mpi::Communicator::wrap(m.raw);
 }

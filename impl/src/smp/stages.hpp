@@ -1,0 +1,31 @@
+// Internal to partita::smp (stages.cpp): the model's layers and the stage
+// bounds, computed alike on every rank of the mp group.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "partita/smp/pipeline.hpp"
+
+namespace partita::smp::detail {
+
+struct Stages {
+  std::vector<std::string> names;                            // every layer's ("3", "block1")
+  std::vector<std::shared_ptr<torch::nn::Module>> children;  // every layer
+  std::vector<LayerCall> calls;                              // how to call each
+  std::vector<int> bounds;  // stages + 1 numbers: stage s holds layers [bounds[s], bounds[s+1])
+};
+
+// Collective over the mp group (the stages compare their layer counts):
+// the model's layers (a Sequential's children, or any module's ordered
+// children of callable types) split into `stages` by `split_points` (empty:
+// balanced by parameter count). UsageError on every rank for a child the
+// pipeline cannot call, parameters outside the children, different models
+// on different stages, fewer layers than stages, bad split points.
+Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const std::vector<int>& split_points,
+                         int stages);
+
+}  // namespace partita::smp::detail
