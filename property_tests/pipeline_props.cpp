@@ -60,7 +60,7 @@ TEST(PipelineProperty, EqualsOneProcess) {
   const int n = mpi::world_size();
   for (int p : {1, 2, 4, 8}) {
     if (p > n || n % p) continue;
-    for (const char* pipeline : {"simple", "interleaved"}) {
+    for (const char* pipeline : {"simple", "interleaved", "zero_bubble"}) {
       smp::Config cfg;
       cfg.partitions = p;
       cfg.pipeline = pipeline;
