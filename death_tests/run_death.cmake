@@ -1,0 +1,83 @@
+# A rank that dies (issue 35 item 3): launches PROGRAM MODE on RANKS ranks
+# with MPIEXEC (MPICH's Hydra, -print-all-exitcodes) and judges the job:
+#
+#  - it ends within 30 s (a hang is killed at 30 s and fails the test);
+#  - the launcher's exit status is non-zero;
+#  - every other rank reached the operation ("rank R waits in MODE") and
+#    none returned from it ("rank R finished MODE");
+#  - the lost rank (VICTIM, world rank) is shown, as NAMING says:
+#    launcher  Hydra's per-rank exit codes (-print-all-exitcodes) show 9
+#              (SIGKILL) at the victim's position. This does not name it
+#              alone: survivors ended in Hydra's clean-up may show 9 too,
+#              and Hydra's "BAD TERMINATION ... PID" line named such a
+#              survivor in 2 of 4 runs (docs/testing.md);
+#    throw     a surviving rank's error says "world rank VICTIM failed".
+#
+# cmake -DMPIEXEC=... -DPROGRAM=... -DMODE=... -DRANKS=3 -DVICTIM=1 -DNAMING=launcher -P run_death.cmake
+foreach(v MPIEXEC PROGRAM MODE RANKS VICTIM NAMING)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "run_death.cmake: -D${v}=... is required")
+  endif()
+endforeach()
+
+string(TIMESTAMP t0 "%s")
+# timeout sends SIGTERM to the launcher at 30 s (Hydra then ends every rank)
+# and SIGKILL 5 s later if it is still there.
+set(launcher_options -print-all-exitcodes)
+execute_process(COMMAND timeout -k 5 30 ${MPIEXEC} ${launcher_options} -n ${RANKS} ${PROGRAM} ${MODE}
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+string(TIMESTAMP t1 "%s")
+math(EXPR seconds "${t1} - ${t0}")
+set(all "${out}\n${err}")
+set(report "mode ${MODE} (${NAMING}), ${RANKS} ranks, rank ${VICTIM} lost: exit status ${rc} after ${seconds} s\n--- output ---\n${all}")
+
+set(problems "")
+if(rc EQUAL 124 OR rc EQUAL 137)
+  string(APPEND problems "the job did not end within 30 s (killed by timeout); ")
+elseif(rc EQUAL 0)
+  string(APPEND problems "the launcher's exit status is 0; ")
+endif()
+
+if(NAMING STREQUAL "throw")
+  # A survivor's error names the rank whose user code threw.
+  if(NOT all MATCHES "rank [0-9]+ raised: [^\n]*world rank ${VICTIM} failed")
+    string(APPEND problems "no surviving rank's error names world rank ${VICTIM}; ")
+  endif()
+elseif(NAMING STREQUAL "launcher")
+  # Hydra's "Exit codes: [host] c0,c1,..." lists every rank's exit code in
+  # rank order: the victim's is 9 (SIGKILL).
+  if(all MATCHES "Exit codes: \\[[^]]*\\] ([0-9,]+)")
+    string(REPLACE "," ";" codes "${CMAKE_MATCH_1}")
+    list(LENGTH codes n)
+    if(NOT n EQUAL RANKS)
+      string(APPEND problems "the launcher listed ${n} exit codes for ${RANKS} ranks; ")
+    else()
+      list(GET codes ${VICTIM} code)
+      if(NOT code EQUAL 9)
+        string(APPEND problems "rank ${VICTIM}'s exit code is ${code}, not 9 (SIGKILL); ")
+      endif()
+    endif()
+  else()
+    string(APPEND problems "the launcher's output names no rank's exit code; ")
+  endif()
+else()
+  message(FATAL_ERROR "run_death.cmake: NAMING is launcher or throw, not '${NAMING}'")
+endif()
+
+math(EXPR last "${RANKS} - 1")
+foreach(r RANGE ${last})
+  if(r EQUAL VICTIM)
+    continue()
+  endif()
+  if(NOT all MATCHES "rank ${r} waits in ${MODE}")
+    string(APPEND problems "rank ${r} never reached the operation; ")
+  endif()
+  if(all MATCHES "rank ${r} finished ${MODE}")
+    string(APPEND problems "rank ${r} returned from an operation its peer never joined; ")
+  endif()
+endforeach()
+
+if(problems)
+  message(FATAL_ERROR "${problems}\n${report}")
+endif()
+message(STATUS "${report}")
