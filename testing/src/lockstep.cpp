@@ -27,6 +27,14 @@ std::string current_test_filter() {
 }
 }  // namespace
 
+namespace {
+long g_expected_misses = 0;
+}  // namespace
+
+ExpectedDeadlineMisses::ExpectedDeadlineMisses() : at_start_(mpi::deadline_misses()) {}
+ExpectedDeadlineMisses::~ExpectedDeadlineMisses() { g_expected_misses += mpi::deadline_misses() - at_start_; }
+long expected_deadline_misses() { return g_expected_misses; }
+
 void set_program_name(const std::string& argv0) { g_program = argv0; }
 void set_current_case(const std::string& repro) { g_current_case = repro; }
 

@@ -62,18 +62,26 @@ int main(int argc, char** argv) {
   partita::testing::harness_comm();  // made now, while every rank is here
   ::testing::UnitTest::GetInstance()->listeners().Append(new RenewAfterMissedDeadline);
   const int local = RUN_ALL_TESTS();
-  int in[2] = {local == 0 ? 1 : 0, partita::mpi::deadline_misses() == 0 ? 1 : 0}, out[2];
-  MPI_Allreduce(in, out, 2, MPI_INT, MPI_MIN, partita::testing::harness_comm());
+  const long misses = partita::mpi::deadline_misses();
+  const long unexpected = misses - partita::testing::expected_deadline_misses();
+  // Passed, no miss at all, no unexpected miss (the minimum over the ranks).
+  int in[3] = {local == 0 ? 1 : 0, misses == 0 ? 1 : 0, unexpected == 0 ? 1 : 0}, out[3];
+  MPI_Allreduce(in, out, 3, MPI_INT, MPI_MIN, partita::testing::harness_comm());
   if (!out[1]) {
     // Operations abandoned at a deadline could keep MPI_Finalize waiting:
     // everything is reported, so end the job here, without it. A run whose
-    // tests all passed expected its missed deadlines (a test that checks a
-    // deadlock is caught): it ends with status 0 on every rank.
+    // tests all passed and whose every miss was expected (a test showing a
+    // deadlock is caught, under testing::ExpectedDeadlineMisses) ends with
+    // status 0; any other, with 1.
+    out[0] = out[0] && out[2];
     std::cout << std::flush;
     std::cerr << std::flush;
     if (rank == 0)
       std::cerr << "partita: a wait missed its deadline in this run; ending the job without "
-                   "MPI_Finalize" << (out[0] ? " (every test passed)" : "") << std::endl;
+                   "MPI_Finalize"
+                << (out[0] ? " (every test passed, every miss expected)"
+                    : out[2] ? "" : " (a miss no test expected: the run fails)")
+                << std::endl;
     // One rank ends the job (ranks leaving one by one without MPI_Finalize
     // race the launcher, which may kill the rest with a signal); the others
     // wait to be ended with it.

@@ -74,6 +74,26 @@ void set_program_name(const std::string& argv0);
 // The case being run, as its repro line (set before each case's body).
 void set_current_case(const std::string& repro);
 
+// A test that means to make a wait miss its deadline (to show a deadlock is
+// caught) says so for its scope: the waits missed while one of these lives
+// are expected. At the end of the run main() ends a job with missed
+// deadlines without MPI_Finalize (abandoned operations could keep it
+// waiting), with status 0 only when every test passed and every miss was
+// expected; an unexpected miss fails the run even if the tests passed (an
+// EXPECT_THROW that caught a DeadlineError instead of the error it meant).
+class ExpectedDeadlineMisses {
+ public:
+  ExpectedDeadlineMisses();
+  ~ExpectedDeadlineMisses();
+  ExpectedDeadlineMisses(const ExpectedDeadlineMisses&) = delete;
+  ExpectedDeadlineMisses& operator=(const ExpectedDeadlineMisses&) = delete;
+
+ private:
+  long at_start_;
+};
+// How many missed deadlines were expected so far (main()).
+long expected_deadline_misses();
+
 // The harness's own duplicate of MPI_COMM_WORLD (made on first use, which
 // every rank reaches at once: lockstep_params, or main()).
 MPI_Comm harness_comm();
