@@ -317,6 +317,149 @@ TEST_P(MpiLinear, SgdFollowsTorchLinear) {
   EXPECT_TRUE(agreed(ok)) << c.name;
 }
 
+// --- DistDL's local parameter layout (issue 33) --------------------------------
+//
+// What DistDL's twin of each layer holds on a rank, restated from DistDL's
+// source (src/distdl/nn/linear.py, linear_ag.py, linear_ag_zero.py,
+// linear_rs.py, linear_rs_zero.py) without the library's layout code: the
+// expected DistDL tensors of this rank for the global W and b. Undefined:
+// DistDL registers None; {0}: a zero-volume buffer.
+struct DistDLExpected {
+  at::Tensor weight, bias;
+};
+
+// DistDL's compute_subshape and its start.
+int64_t sub(int64_t n, int64_t p, int64_t i) { return n / p + (i < n % p ? 1 : 0); }
+int64_t start(int64_t n, int64_t p, int64_t i) { return i * (n / p) + std::min(i, n % p); }
+
+at::Tensor view_ones(const at::Tensor& t, size_t d, std::vector<std::pair<int, int64_t>> set) {
+  std::vector<int64_t> shape(d, 1);
+  for (auto [pos, n] : set) shape[pos < 0 ? d + pos : pos] = n;
+  return t.contiguous().view(shape);
+}
+
+DistDLExpected distdl_expected(const Config& c, const at::Tensor& W, const at::Tensor& b, bool bias) {
+  DistDLExpected e;
+  const int me = mpi::world_rank();
+  if (me >= volume(c.P)) return e;  // (every layer here is on ranks 0 .. volume(P) - 1)
+  const Index i = unravel(me, c.P);
+  const size_t d = c.P.size();
+  const auto zv = at::zeros({0}, W.options());
+  auto rows = [&](int64_t n, int64_t p, int64_t k) { return std::pair{start(n, p, k), sub(n, p, k)}; };
+  if (c.kind == Kind::General) {  // P_W = P_fout x P_fin: sublinear = torch.nn.Linear
+    const auto [r0, rn] = rows(c.out, c.P[0], i[0]);
+    const auto [c0, cn] = rows(c.in, c.P[1], i[1]);
+    e.weight = W.slice(0, r0, r0 + rn).slice(1, c0, c0 + cn);
+    if (bias && i[1] == 0) e.bias = b.slice(0, r0, r0 + rn);
+    return e;
+  }
+  const int64_t M = c.P[d - 1], D = c.P[0], m = i[d - 1], dd = i[0];
+  bool lead = true;  // P_store_weight / P_weight: data-parallel coordinates 0
+  for (size_t k = 0; k + 2 < d; ++k) lead = lead && i[k] == 0;
+  const bool mp0 = i[d - 1] == 0 && i[d - 2] == 0;
+  switch (c.kind) {
+    case Kind::AllGather: {  // weight [1.., out_m, in], bias [1.., out_m, 1]
+      const auto [r0, rn] = rows(c.out, M, m);
+      e.weight = lead ? view_ones(W.slice(0, r0, r0 + rn), d, {{-2, rn}, {-1, c.in}}) : zv;
+      if (bias) e.bias = lead ? view_ones(b.slice(0, r0, r0 + rn), d, {{-2, rn}}) : zv;
+      break;
+    }
+    case Kind::AllGatherZero: {  // weight [in_d, .., out_m, 1], bias [1.., piece of out_m over D, 1]
+      const auto [r0, rn] = rows(c.out, M, m);
+      const auto [c0, cn] = rows(c.in, D, dd);
+      e.weight = view_ones(W.slice(0, r0, r0 + rn).slice(1, c0, c0 + cn).t(), d, {{0, cn}, {-2, rn}});
+      const auto [s0, sn] = rows(rn, D, dd);
+      if (bias) e.bias = view_ones(b.slice(0, r0 + s0, r0 + s0 + sn), d, {{-2, sn}});
+      break;
+    }
+    case Kind::ReduceScatter: {  // weight [1.., out, in_m]; whole bias [1.., out, 1] on P_x's rank 0
+      const auto [c0, cn] = rows(c.in, M, m);
+      e.weight = lead ? view_ones(W.slice(1, c0, c0 + cn), d, {{-2, c.out}, {-1, cn}}) : zv;
+      if (bias && me == 0) e.bias = view_ones(b, d, {{-2, c.out}});
+      else if (bias && mp0) e.bias = zv;
+      break;
+    }
+    default: {  // weight [out_d, 1.., in_m]; bias [out_d, 1, ..] on model-parallel index 0
+      const auto [r0, rn] = rows(c.out, D, dd);
+      const auto [c0, cn] = rows(c.in, M, m);
+      e.weight = view_ones(W.slice(0, r0, r0 + rn).slice(1, c0, c0 + cn), d, {{0, rn}, {-1, cn}});
+      if (bias && mp0) e.bias = view_ones(b.slice(0, r0, r0 + rn), d, {{0, rn}});
+      break;
+    }
+  }
+  return e;
+}
+
+std::string same_tensor(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  if (got.defined() != want.defined())
+    return what + (got.defined() ? " is defined, DistDL has none; " : " is undefined, DistDL has one; ");
+  if (!got.defined()) return "";
+  if (got.sizes() != want.sizes()) return what + " has the wrong shape; ";
+  return at::equal(got, want) ? "" : what + " differs; ";
+}
+
+// to_distdl gives DistDL's tensors for the global layer scattered in;
+// from_distdl of DistDL's tensors (as a checkpoint gives them) into a
+// freshly initialised layer gathers back to the same global layer; bias on
+// and off. Integer values: every comparison is exact.
+TEST_P(MpiLinear, DistDLParametersRoundTrip) {
+  const Config& c = GetParam();
+  for (bool bias : {true, false}) {
+    const auto opts = at::TensorOptions().dtype(at::kDouble);
+    const at::Tensor W = at::arange(c.out * c.in, opts).view({c.out, c.in}) + 1;
+    const at::Tensor b = at::arange(c.out, opts) + 1000;
+    torch::nn::Linear global(torch::nn::LinearOptions(c.in, c.out).bias(bias));
+    global->to(at::kDouble);
+    {
+      torch::NoGradGuard no_grad;
+      global->weight.copy_(W);
+      if (bias) global->bias.copy_(b);
+    }
+    Built built = build(c, {bias, at::kDouble});
+    built.layer->scatter_parameters(global);
+    const DistDLExpected want = distdl_expected(c, W, b, bias);
+    const nn::DistDLParameters got = built.layer->to_distdl();
+    std::string why = same_tensor(got.weight, want.weight, "to_distdl weight") +
+                      same_tensor(got.bias, want.bias, "to_distdl bias");
+    const auto ws = built.layer->distdl_weight_shape();
+    if (ws.has_value() != want.weight.defined() || (ws && *ws != want.weight.sizes().vec()))
+      why += "distdl_weight_shape; ";
+
+    torch::manual_seed(500 + mpi::world_rank());  // other parameters to overwrite
+    Built fresh = build(c, {bias, at::kDouble});
+    fresh.layer->from_distdl({want.weight, want.bias});
+    const auto back = fresh.layer->gather_parameters();
+    if (!back.is_empty() &&
+        !(at::equal(back->weight, W) && (!bias || at::equal(back->bias, b))))
+      why += "from_distdl then gather_parameters differs from the global layer; ";
+    const nn::DistDLParameters again = fresh.layer->to_distdl();
+    why += same_tensor(again.weight, want.weight, "round-trip weight") +
+           same_tensor(again.bias, want.bias, "round-trip bias");
+    EXPECT_EQ(why, "") << c.name << " bias " << bias << " rank " << mpi::world_rank();
+    EXPECT_TRUE(agreed(why.empty())) << c.name;
+  }
+}
+
+// A checkpoint tensor of the wrong shape on one worker: ShapeError on every
+// worker of the layer, naming it.
+TEST_P(MpiLinear, DistDLParametersThatDoNotFit) {
+  const Config& c = GetParam();
+  Built built = build(c, {true, at::kDouble});
+  nn::DistDLParameters p = built.layer->to_distdl();
+  const int last = volume(c.P) - 1;  // every layer here has a weight block there
+  if (mpi::world_rank() == last) p.weight = at::zeros({p.weight.numel() + 1}, at::kDouble);
+  bool raised = false;
+  try {
+    built.layer->from_distdl(p);
+  } catch (const ShapeError& e) {
+    raised = std::string(e.what()).find("worker " + std::to_string(last) + ": weight has shape") !=
+             std::string::npos;
+    EXPECT_TRUE(raised) << e.what();
+  }
+  const bool involved = built.layer->distdl_weight_shape().has_value();
+  EXPECT_TRUE(agreed(raised || !involved)) << c.name;
+}
+
 INSTANTIATE_TEST_SUITE_P(Seed002, MpiLinear, ::testing::ValuesIn(configs()),
                          [](const auto& info) { return info.param.name; });
 

@@ -27,6 +27,19 @@ struct LinearLayout {
   mpi::Partition P_params;  // every owner of a block (gather/scatter)
   bool owns_weight = false, owns_bias = false;
   int64_t w_r0 = 0, w_rn = 0, w_c0 = 0, w_cn = 0, b0 = 0, bn = 0;
+
+  // What DistDL's twin of the layer holds on this rank (to_distdl /
+  // from_distdl; docs/linear.md, "DistDL checkpoints"): nothing, a
+  // zero-volume buffer, or a block of W or b in DistDL's shape. DistDL's
+  // weight blocks are partita's (same rows and columns on the same worker,
+  // checked against DistDL's source per layer); only the reduce-scatter
+  // layers place the bias elsewhere (dd_b_moves: exchanged between workers).
+  enum Held { kNone, kBuffer, kBlock };
+  Held dd_w = kNone, dd_b = kNone;
+  Shape dd_w_shape, dd_b_shape;
+  bool dd_w_transposed = false;  // ZeRO-3 all-gather: DistDL stores W's shard as [in_d, ..., out_m, 1]
+  bool dd_b_moves = false;
+  int64_t dd_b0 = 0, dd_bn = 0;  // DistDL's bias block on this rank
 };
 
 }  // namespace detail
@@ -34,6 +47,14 @@ struct LinearLayout {
 namespace {
 
 using detail::LinearLayout;
+
+// A shape of `d` ones with the given extents set (negative positions count
+// from the end).
+Shape ones_with(size_t d, std::initializer_list<std::pair<int, int64_t>> set) {
+  Shape s(d, 1);
+  for (const auto& [pos, n] : set) s[pos < 0 ? d + pos : pos] = n;
+  return s;
+}
 
 std::string dtype_name(at::ScalarType t) { return c10::toString(t); }
 
@@ -321,6 +342,117 @@ void DistributedLinearBase::scatter_parameters(const torch::nn::Linear& global) 
   if (l.owns_bias) bias_.copy_(global->bias.slice(0, l.b0, l.b0 + l.bn));
 }
 
+// --- DistDL's parameter layout --------------------------------------------------
+
+namespace {
+
+// The global bias (float64, zeros where nobody gave a block) from every
+// P's worker's block [start, start + length) of `values` (if `holds`).
+// Collective over P; float64 holds every supported dtype exactly.
+at::Tensor assemble_bias(const mpi::Partition& P, int64_t out, bool holds, int64_t start,
+                         int64_t length, const at::Tensor& values) {
+  std::vector<double> mine = {double(holds), double(start), double(length)};
+  if (holds) {
+    const at::Tensor v = values.detach().reshape({-1}).to(at::kDouble).contiguous();
+    mine.insert(mine.end(), v.data_ptr<double>(), v.data_ptr<double>() + v.numel());
+  }
+  at::Tensor b = at::zeros({out}, at::kDouble);
+  for (const auto& bytes : P.allgather_data(mpi::pack(mine))) {
+    const auto v = mpi::unpack<double>(bytes);
+    if (v[0] == 0) continue;
+    const int64_t s = static_cast<int64_t>(v[1]), n = static_cast<int64_t>(v[2]);
+    b.slice(0, s, s + n).copy_(at::from_blob(const_cast<double*>(v.data() + 3), {n}, at::kDouble));
+  }
+  return b;
+}
+
+std::optional<Shape> held_shape(LinearLayout::Held held, const Shape& shape) {
+  if (held == LinearLayout::kNone) return std::nullopt;
+  return held == LinearLayout::kBuffer ? Shape{0} : shape;
+}
+
+// "" when `t` fits what DistDL holds here, else why not.
+std::string distdl_fits(const at::Tensor& t, LinearLayout::Held held, const Shape& shape,
+                        const char* what) {
+  const auto shape_of = [](const at::Tensor& x) { return shape_string(Shape(x.sizes().begin(), x.sizes().end())); };
+  if (held == LinearLayout::kBlock) {
+    if (!t.defined()) return std::string(what) + " is undefined, DistDL's here is " + shape_string(shape);
+    if (!t.sizes().equals(shape))
+      return std::string(what) + " has shape " + shape_of(t) + ", DistDL's here is " + shape_string(shape);
+    if (!at::isFloatingType(t.scalar_type()))
+      return std::string(what) + " has dtype " + dtype_name(t.scalar_type()) + ", not a floating type";
+    return "";
+  }
+  if (t.defined() && t.numel() > 0)
+    return std::string(what) + " has shape " + shape_of(t) + ", but DistDL holds " +
+           (held == LinearLayout::kBuffer ? "a zero-volume buffer" : "none") + " here";
+  return "";
+}
+
+}  // namespace
+
+std::optional<Shape> DistributedLinearBase::distdl_weight_shape() const {
+  const auto& l = *layout_;
+  if (!l.P_params.active()) return std::nullopt;
+  return held_shape(l.dd_w, l.dd_w_shape);
+}
+
+std::optional<Shape> DistributedLinearBase::distdl_bias_shape() const {
+  const auto& l = *layout_;
+  if (!l.P_params.active()) return std::nullopt;
+  return held_shape(l.dd_b, l.dd_b_shape);
+}
+
+DistDLParameters DistributedLinearBase::to_distdl() const {
+  const auto& l = *layout_;
+  DistDLParameters out;
+  if (!l.P_params.active()) return out;
+  torch::NoGradGuard no_grad;
+  const auto opts = at::TensorOptions().dtype(l.dtype);
+  if (l.dd_w == LinearLayout::kBuffer) out.weight = at::zeros({0}, opts);
+  if (l.dd_w == LinearLayout::kBlock)
+    out.weight = (l.dd_w_transposed ? weight_.t() : weight_).clone(at::MemoryFormat::Contiguous).view(l.dd_w_shape);
+  at::Tensor b;  // DistDL's bias block on this rank, 1-D
+  if (l.dd_b_moves) {
+    const at::Tensor full = assemble_bias(l.P_params, l.out, l.owns_bias, l.b0, l.bn, bias_);
+    if (l.dd_b == LinearLayout::kBlock) b = full.slice(0, l.dd_b0, l.dd_b0 + l.dd_bn).to(l.dtype);
+  } else if (l.dd_b == LinearLayout::kBlock) {
+    b = bias_.clone();
+  }
+  if (l.dd_b == LinearLayout::kBuffer) out.bias = at::zeros({0}, opts);
+  if (l.dd_b == LinearLayout::kBlock) out.bias = b.contiguous().view(l.dd_b_shape);
+  return out;
+}
+
+void DistributedLinearBase::from_distdl(const DistDLParameters& p) {
+  const auto& l = *layout_;
+  if (!l.P_params.active()) return;
+  std::string error = distdl_fits(p.weight, l.dd_w, l.dd_w_shape, "weight");
+  if (error.empty()) error = distdl_fits(p.bias, l.dd_b, l.dd_b_shape, "bias");
+  if (!mpi::all_true(error.empty(), l.P_params.comm())) {
+    const auto all = l.P_params.allgather_data(error);
+    for (size_t r = 0; r < all.size(); ++r)
+      if (!all[r].empty())
+        throw ShapeError(l.name + ".from_distdl: worker " + std::to_string(l.P_params.workers()[r]) + ": " +
+                             all[r],
+                         rule_code::kLinearParameters);
+  }
+  torch::NoGradGuard no_grad;
+  if (l.dd_w == LinearLayout::kBlock) {
+    if (l.dd_w_transposed)
+      weight_.copy_(p.weight.reshape({l.w_cn, l.w_rn}).t());
+    else
+      weight_.copy_(p.weight.reshape({l.w_rn, l.w_cn}));
+  }
+  if (l.dd_b_moves) {
+    const bool holds = l.dd_b == LinearLayout::kBlock;
+    const at::Tensor full = assemble_bias(l.P_params, l.out, holds, l.dd_b0, l.dd_bn, holds ? p.bias : at::Tensor());
+    if (l.owns_bias) bias_.copy_(full.slice(0, l.b0, l.b0 + l.bn));
+  } else if (l.owns_bias) {
+    bias_.copy_(p.bias.reshape({l.bn}));
+  }
+}
+
 // --- DistributedLinear (general) ---------------------------------------------
 
 struct DistributedLinearImpl::Parts {
@@ -378,6 +510,15 @@ DistributedLinearImpl::DistributedLinearImpl(const mpi::Partition& P_x, const mp
     l->owns_bias = o.bias && i[1] == 0;
     l->b0 = l->w_r0;
     l->bn = l->w_rn;
+    // DistDL: a torch.nn.Linear `sublinear` per P_W worker, bias on column 0.
+    l->dd_w = LinearLayout::kBlock;
+    l->dd_w_shape = {l->w_rn, l->w_cn};
+    if (l->owns_bias) {
+      l->dd_b = LinearLayout::kBlock;
+      l->dd_b_shape = {l->bn};
+      l->dd_b0 = l->b0;
+      l->dd_bn = l->bn;
+    }
   }
   init_parameters(l);
 }
@@ -514,6 +655,26 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
       l->b0 = r0;
       l->bn = rn;
     }
+    // DistDL (linear_ag.py, linear_ag_zero.py): W_m as [1, ..., out_m, in] on
+    // the stored copy, zero-volume buffers on the other data-parallel
+    // copies; ZeRO-3: every worker its shard transposed, [in_d, ..., out_m,
+    // 1]; b's block as [1, ..., n, 1]. The blocks are partita's.
+    if (l->owns_weight) {
+      l->dd_w = LinearLayout::kBlock;
+      l->dd_w_transposed = zero;
+      l->dd_w_shape = zero ? ones_with(d, {{0, l->w_cn}, {-2, l->w_rn}})
+                           : ones_with(d, {{-2, l->w_rn}, {-1, l->w_cn}});
+    } else {
+      l->dd_w = LinearLayout::kBuffer;
+    }
+    if (l->owns_bias) {
+      l->dd_b = LinearLayout::kBlock;
+      l->dd_b_shape = ones_with(d, {{-2, l->bn}});
+      l->dd_b0 = l->b0;
+      l->dd_bn = l->bn;
+    } else if (o.bias) {
+      l->dd_b = LinearLayout::kBuffer;
+    }
   }
   init_parameters(l);
 }
@@ -646,6 +807,37 @@ DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero
       l->owns_bias = o.bias;
       l->b0 = o0;
       l->bn = on;
+    }
+    // DistDL (linear_rs.py, linear_rs_zero.py): W's block as [1, ..., out,
+    // in_m] on the stored copy (zero-volume buffers elsewhere), ZeRO-3 every
+    // worker its shard as [out_d, 1, ..., in_m]. The bias is not partita's:
+    // linear_rs.py keeps all of it, [1, ..., out, 1], on P_x's worker 0, a
+    // zero-volume buffer on the other workers of model-parallel index 0 and
+    // none elsewhere; linear_rs_zero.py shards it over axis 0 on the workers
+    // of model-parallel index 0 only, [out_d, 1, ..., 1] (entries
+    // piece(out, D, d)), and none elsewhere.
+    if (l->owns_weight) {
+      l->dd_w = LinearLayout::kBlock;
+      l->dd_w_shape = zero ? ones_with(d, {{0, l->w_rn}, {-1, l->w_cn}})
+                           : ones_with(d, {{-2, l->w_rn}, {-1, l->w_cn}});
+    } else {
+      l->dd_w = LinearLayout::kBuffer;
+    }
+    if (o.bias) {
+      l->dd_b_moves = true;
+      const bool model_index_0 = i[d - 1] == 0 && i[d - 2] == 0;
+      if (zero && model_index_0) {
+        l->dd_b = LinearLayout::kBlock;
+        std::tie(l->dd_b0, l->dd_bn) = piece(out, P_x.shape()[0], i[0]);
+        l->dd_b_shape = ones_with(d, {{0, l->dd_bn}});
+      } else if (!zero && P_x.rank() == 0) {
+        l->dd_b = LinearLayout::kBlock;
+        l->dd_b0 = 0;
+        l->dd_bn = out;
+        l->dd_b_shape = ones_with(d, {{-2, out}});
+      } else if (!zero && model_index_0) {
+        l->dd_b = LinearLayout::kBuffer;
+      }
     }
   }
   init_parameters(l);

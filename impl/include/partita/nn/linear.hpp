@@ -35,9 +35,11 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "partita/mpi/partition.hpp"
+#include "partita/shape.hpp"
 
 namespace partita::nn {
 
@@ -49,6 +51,17 @@ struct LinearOptions {
 namespace detail {
 struct LinearLayout;
 }
+
+// One rank's parameters as DistDL's twin of the layer holds them on the same
+// rank (docs/linear.md, "DistDL checkpoints"): its `weight` and `bias`
+// (`sublinear.weight` and `sublinear.bias` for DistributedLinear). Each is
+// undefined where DistDL has none (`None`), zero-volume (`{0}`) where DistDL
+// keeps a zero-volume buffer, and otherwise DistDL's local tensor, shaped
+// as DistDL shapes it (as many dimensions as the partition; the ZeRO-3
+// all-gather layer's weight transposed).
+struct DistDLParameters {
+  at::Tensor weight, bias;
+};
 
 // What the five layers share: the block of the global W and b each rank
 // owns, and the conversions to and from one torch::nn::Linear.
@@ -79,6 +92,23 @@ class DistributedLinearBase : public torch::nn::Module {
   // no communication but the agreement that it fits). Collective over the
   // layer's workers; a no-op elsewhere.
   void scatter_parameters(const torch::nn::Linear& global);
+
+  // DistDL's local parameters for this rank (copies, in the layer's dtype).
+  // Collective over the same workers as gather_parameters (the reduce-scatter
+  // layers' biases move between workers: DistDL places them elsewhere);
+  // elsewhere both tensors are undefined.
+  DistDLParameters to_distdl() const;
+  // Loads DistDL's local parameters of this rank (a DistDL checkpoint's
+  // tensors, each rank its own). Collective as to_distdl; every tensor must
+  // have exactly the shape to_distdl() gives (an undefined or zero-volume
+  // tensor where DistDL has none or a buffer), else ShapeError on every
+  // worker naming the first that does not fit. Values are converted to the
+  // layer's dtype.
+  void from_distdl(const DistDLParameters& p);
+  // The shapes to_distdl() gives on this rank ({0} for a zero-volume
+  // buffer; empty optional where DistDL has no tensor).
+  std::optional<Shape> distdl_weight_shape() const;
+  std::optional<Shape> distdl_bias_shape() const;
 
  protected:
   void init_parameters(std::shared_ptr<const detail::LinearLayout> layout);
