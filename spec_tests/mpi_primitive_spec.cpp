@@ -62,7 +62,13 @@ TEST_P(MpiData, ForwardAndAdjointMatchTheSeed) {
     if (px.active() && !e.preserve_batch) ok = ok && y.sizes() == at::IntArrayRef{0};
   }
   torch::autograd::backward({y}, {arange_cotangent(me, Shape(y.sizes().begin(), y.sizes().end()))});
-  const at::Tensor g = x.grad().defined() ? x.grad() : at::zeros_like(x);
+  // Every rank's x (a leaf that requires grad, zero-volume where the rank
+  // holds none) has a defined gradient of its own shape, as DistDL's
+  // functions give one on every worker they run on (issue 33).
+  const bool defined = x.grad().defined() && x.grad().sizes() == x.sizes();
+  EXPECT_TRUE(defined) << "worker " << me << ": x.grad is undefined or misshapen";
+  ok = ok && defined;
+  const at::Tensor g = defined ? x.grad() : at::zeros_like(x);
   if (in_example && e.dx[me].defined()) {
     const bool good = at::equal(g, e.dx[me]);
     EXPECT_TRUE(good) << "gradient of worker " << me << "\n" << g << "\nexpected\n" << e.dx[me];
@@ -75,6 +81,58 @@ TEST_P(MpiData, ForwardAndAdjointMatchTheSeed) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, MpiData, ::testing::ValuesIn(data_examples()),
                          [](const auto& info) { return test_name(info.param); });
+
+// Seed 000: a partition without a topology is treated as a 1-dimensional
+// Cartesian one (shape {size}, index = rank), so Broadcast and SumReduce take
+// it as P_x or P_y under the same rules (issue 33). Values stated by hand:
+// every input is arange_input(rank), every cotangent arange_cotangent(rank).
+TEST(MpiNonCartesian, SumReduceAndBroadcastTreatAPartitionWithoutTopologyAsOneDimensional) {
+  const int n = mpi::world_size(), me = mpi::world_rank();
+  if (n < 4) GTEST_SKIP() << "needs 4 ranks, running at " << n;
+  torch::set_num_threads(1);
+  const Shape s{2, 3};
+  const auto world = mpi::Partition::world();
+  const mpi::Partition four = world.create_partition_inclusive({0, 1, 2, 3});  // shape {4}
+  const mpi::Partition one = world.create_partition_inclusive({1});            // shape {1}
+  const mpi::Partition pair = world.create_partition_inclusive({2, 3});        // shape {2}
+  const auto grid = cartesian({0, 1, 2, 3}, {2, 2});
+  ASSERT_FALSE(four.cartesian());
+  auto input = [&](const mpi::Partition& P) {
+    return (P.active() ? arange_input(me, s) : at::zeros({0}, at::kDouble)).requires_grad_();
+  };
+  auto run = [&](auto layer, const mpi::Partition& px, const mpi::Partition& py,
+                 const std::function<at::Tensor(int)>& want_y, const std::function<at::Tensor(int)>& want_dx,
+                 const std::string& what) {
+    at::Tensor x = input(px);
+    at::Tensor y = layer(x);
+    bool ok = py.active() ? at::equal(y.detach(), want_y(me)) : y.numel() == 0;
+    EXPECT_TRUE(ok) << what << ": y of worker " << me << "\n" << y;
+    torch::autograd::backward({y}, {arange_cotangent(me, Shape(y.sizes().begin(), y.sizes().end()))});
+    const bool dx = x.grad().defined() && (px.active() ? at::equal(x.grad(), want_dx(me)) : x.grad().numel() == 0);
+    EXPECT_TRUE(dx) << what << ": dx of worker " << me;
+    EXPECT_TRUE(agreed(ok && dx)) << what;
+  };
+  at::Tensor sum4 = at::zeros(s, at::kDouble), cot4 = at::zeros(s, at::kDouble);
+  for (int r = 0; r < 4; ++r) {
+    sum4 += arange_input(r, s);
+    cot4 += arange_cotangent(r, s);
+  }
+  // {4} -> {1}: worker 1 gets the sum of the four; each gets its cotangent.
+  run(nn::SumReduce(four, one), four, one, [&](int) { return sum4; },
+      [&](int) { return arange_cotangent(1, s); }, "SumReduce {4} -> {1}");
+  // {1} -> {4}: every worker gets worker 1's input; it gets the cotangents' sum.
+  run(nn::Broadcast(one, four), one, four, [&](int) { return arange_input(1, s); },
+      [&](int) { return cot4; }, "Broadcast {1} -> {4}");
+  // {2} (ranks 2, 3) -> Cartesian 2 x 2, padded to 1 x 2: worker (i, j)
+  // gets pair's worker j, i.e. rank 2 + j; rank 2 + j's gradient is the sum
+  // of the cotangents of column j (ranks j and 2 + j).
+  run(nn::Broadcast(pair, grid), pair, grid, [&](int r) { return arange_input(2 + r % 2, s); },
+      [&](int r) { return arange_cotangent(r - 2, s) + arange_cotangent(r, s); }, "Broadcast {2} -> 2 x 2");
+  // And back: 2 x 2 -> {2}: rank 2 + j gets the sum of column j.
+  run(nn::SumReduce(grid, pair), grid, pair,
+      [&](int r) { return arange_input(r - 2, s) + arange_input(r, s); },
+      [&](int r) { return arange_cotangent(2 + r % 2, s); }, "SumReduce 2 x 2 -> {2}");
+}
 
 // Errors, not hangs: each mistake raises a clear ShapeError on every rank of
 // the layer, and the world communicator still works afterwards.
