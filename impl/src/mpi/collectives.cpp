@@ -19,16 +19,21 @@ std::string call_name(const char* call, const std::string& args) {
   return std::string("Communicator::") + call + "(" + args + ")";
 }
 
+// Rank i's dtype must be rank 0's (every check below starts with it).
+void check_same_dtype(const Record& a, const Record& b, size_t i, const std::string& what) {
+  if (b.dtype != a.dtype)
+    throw ShapeError(what + ": rank " + std::to_string(i) + " passes dtype " +
+                     dtype_string(static_cast<at::ScalarType>(b.dtype)) + ", rank 0 " +
+                     dtype_string(static_cast<at::ScalarType>(a.dtype)));
+}
+
 // Raises on every rank unless every rank passed the same dtype and shape
 // (and the same parameters p[0..1]); `what` names the call.
 void check_same(const std::vector<Record>& all, const std::string& what, const char* params) {
   const Record& a = all[0];
   for (size_t i = 1; i < all.size(); ++i) {
     const Record& b = all[i];
-    if (b.dtype != a.dtype)
-      throw ShapeError(what + ": rank " + std::to_string(i) + " passes dtype " +
-                       dtype_string(static_cast<at::ScalarType>(b.dtype)) + ", rank 0 " +
-                       dtype_string(static_cast<at::ScalarType>(a.dtype)));
+    check_same_dtype(a, b, i, what);
     if (b.shape() != a.shape())
       throw ShapeError(what + ": rank " + std::to_string(i) + " passes a tensor of shape " +
                        shape_string(b.shape()) + ", rank 0 one of shape " +
@@ -46,10 +51,7 @@ void check_shapes_but(const std::vector<Record>& all, const std::string& what, i
   const Record& a = all[0];
   for (size_t i = 1; i < all.size(); ++i) {
     const Record& b = all[i];
-    if (b.dtype != a.dtype)
-      throw ShapeError(what + ": rank " + std::to_string(i) + " passes dtype " +
-                       dtype_string(static_cast<at::ScalarType>(b.dtype)) + ", rank 0 " +
-                       dtype_string(static_cast<at::ScalarType>(a.dtype)));
+    check_same_dtype(a, b, i, what);
     bool same = b.ndim == a.ndim;
     for (int64_t d = 0; same && d < a.ndim; ++d)
       if (d != free_axis && d != free_axis2 && a.dims[d] != b.dims[d]) same = false;
