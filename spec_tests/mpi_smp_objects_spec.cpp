@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -196,6 +197,48 @@ TEST(SmpObjects, BarrierWaitsForTheGroup) {
       }
     }
   }
+  smp::barrier();
+}
+
+// Seed 004: with smp.MP_GROUP "each process only waits until the other process
+// of its own mp_group reaches that point. It does not wait for processes
+// outside that mp_group." The group holding rank 0 passes its barrier while
+// every other rank is held in a receive that only rank 0, after that barrier,
+// releases: a barrier that waited for the world (or for the wrong group)
+// would meet its deadline on the group and the receive's on the others.
+TEST(SmpObjects, BarrierDoesNotWaitForRanksOutsideTheGroup) {
+  const int n = mpi::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks, running at 1";
+  const double old = mpi::deadline();
+  mpi::set_deadline(mpi::scaled_for_ranks(2.0));
+  int checked = 0;
+  for (int p : partition_counts(n)) {
+    init_partitions(p);
+    for (smp::CommGroup g : {smp::MP_GROUP, smp::DP_GROUP}) {
+      const auto first = smp::layout().members(0, g);  // the group of world rank 0
+      if (static_cast<int>(first.size()) == n) continue;  // the group is the world
+      ++checked;
+      smp::barrier();
+      const bool inside = std::find(first.begin(), first.end(), smp::rank()) != first.end();
+      auto group_barrier = [g] { g == smp::MP_GROUP ? smp::mp_barrier() : smp::dp_barrier(); };
+      if (inside) {
+        EXPECT_NO_THROW(group_barrier()) << smp::name(g) << " barrier with " << p << " partitions";
+        if (smp::rank() == 0)
+          for (int r = 0; r < n; ++r)
+            if (std::find(first.begin(), first.end(), r) == first.end()) smp::send(int64_t{r}, r, smp::WORLD_RANK);
+      } else {
+        int64_t token = -1;
+        EXPECT_NO_THROW(token = smp::recv_from<int64_t>(0, smp::WORLD_RANK))
+            << "world rank " << smp::rank() << " was not released: the " << smp::name(g) << " barrier of rank 0's "
+            << "group waited for ranks outside it (" << p << " partitions)";
+        EXPECT_EQ(token, smp::rank());
+        // Then this rank's own group meets at its barrier, without rank 0's group.
+        EXPECT_NO_THROW(group_barrier()) << smp::name(g) << " barrier with " << p << " partitions";
+      }
+    }
+  }
+  mpi::set_deadline(old);
+  EXPECT_GT(checked, 0) << "no layout at " << n << " ranks has a group smaller than the world";
   smp::barrier();
 }
 
