@@ -5,16 +5,18 @@
 #  - the launcher's exit status is non-zero;
 #  - every other rank reached the operation ("rank R waits in MODE") and
 #    none returned from it ("rank R finished MODE");
-#  - the lost rank (VICTIM, world rank) is shown, as NAMING says:
-#    launcher  Hydra's per-rank exit codes (-print-all-exitcodes) show 9
-#              (SIGKILL) at the victim's position. This does not name it
-#              alone: survivors ended in Hydra's clean-up may show 9 too,
-#              and Hydra's "BAD TERMINATION ... PID" line named such a
-#              survivor in 2 of 4 runs (docs/testing.md);
+#  - the lost rank (VICTIM, world rank) is named, as NAMING says:
+#    guard     every rank runs under partita_rank_guard (GUARD); exactly
+#              one line "partita: world rank R (pid P on H) was lost: ..."
+#              appears and R is the victim. Hydra alone does not single it
+#              out: it names a pid, in 2 of 4 runs a survivor's that it
+#              ended in its own clean-up (docs/testing.md). Also Hydra's
+#              per-rank exit codes (-print-all-exitcodes) must show 9
+#              (SIGKILL) at the victim's position;
 #    throw     a surviving rank's error says "world rank VICTIM failed".
 #
-# cmake -DMPIEXEC=... -DPROGRAM=... -DMODE=... -DRANKS=3 -DVICTIM=1 -DNAMING=launcher -P run_death.cmake
-foreach(v MPIEXEC PROGRAM MODE RANKS VICTIM NAMING)
+# cmake -DMPIEXEC=... -DPROGRAM=... -DGUARD=... -DMODE=... -DRANKS=3 -DVICTIM=1 -DNAMING=guard -P run_death.cmake
+foreach(v MPIEXEC PROGRAM GUARD MODE RANKS VICTIM NAMING)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "run_death.cmake: -D${v}=... is required")
   endif()
@@ -24,7 +26,7 @@ string(TIMESTAMP t0 "%s")
 # timeout sends SIGTERM to the launcher at 30 s (Hydra then ends every rank)
 # and SIGKILL 5 s later if it is still there.
 set(launcher_options -print-all-exitcodes)
-execute_process(COMMAND timeout -k 5 30 ${MPIEXEC} ${launcher_options} -n ${RANKS} ${PROGRAM} ${MODE}
+execute_process(COMMAND timeout -k 5 30 ${MPIEXEC} ${launcher_options} -n ${RANKS} ${GUARD} ${PROGRAM} ${MODE}
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 string(TIMESTAMP t1 "%s")
 math(EXPR seconds "${t1} - ${t0}")
@@ -43,7 +45,17 @@ if(NAMING STREQUAL "throw")
   if(NOT all MATCHES "rank [0-9]+ raised: [^\n]*world rank ${VICTIM} failed")
     string(APPEND problems "no surviving rank's error names world rank ${VICTIM}; ")
   endif()
-elseif(NAMING STREQUAL "launcher")
+elseif(NAMING STREQUAL "guard")
+  # The guard of the victim, and no other, says its rank was lost.
+  string(REGEX MATCHALL "partita: world rank [^ ]+ \\(pid [0-9]+ on [^)]*\\) was lost" lost "${all}")
+  list(LENGTH lost n_lost)
+  if(n_lost EQUAL 0)
+    string(APPEND problems "no line names a lost rank; ")
+  elseif(NOT n_lost EQUAL 1)
+    string(APPEND problems "${n_lost} ranks are named lost, not only the victim; ")
+  elseif(NOT lost MATCHES "world rank ${VICTIM} ")
+    string(APPEND problems "the rank named lost is not rank ${VICTIM}: ${lost}; ")
+  endif()
   # Hydra's "Exit codes: [host] c0,c1,..." lists every rank's exit code in
   # rank order: the victim's is 9 (SIGKILL).
   if(all MATCHES "Exit codes: \\[[^]]*\\] ([0-9,]+)")
@@ -61,7 +73,7 @@ elseif(NAMING STREQUAL "launcher")
     string(APPEND problems "the launcher's output names no rank's exit code; ")
   endif()
 else()
-  message(FATAL_ERROR "run_death.cmake: NAMING is launcher or throw, not '${NAMING}'")
+  message(FATAL_ERROR "run_death.cmake: NAMING is guard or throw, not '${NAMING}'")
 endif()
 
 math(EXPR last "${RANKS} - 1")
