@@ -203,6 +203,22 @@ TEST(SmpConfig, ParsesEveryField) {
   EXPECT_EQ(d.pipeline, "interleaved");
   EXPECT_TRUE(d.ddp);
   EXPECT_EQ(smp::Config::from_json(c.to_json()).to_json(), c.to_json());
+  EXPECT_EQ(d.virtual_pipeline_model_parallel_size, 1);
+  // Virtual stages (issue 31): Megatron-LM's name, written only when not 1.
+  const auto v = smp::Config::from_json(
+      R"({"partitions": 2, "microbatches": 4, "pipeline": "interleaved_virtual", "virtual_pipeline_model_parallel_size": 3})");
+  EXPECT_EQ(v.pipeline, "interleaved_virtual");
+  EXPECT_EQ(v.virtual_pipeline_model_parallel_size, 3);
+  EXPECT_EQ(smp::Config::from_json(v.to_json()).virtual_pipeline_model_parallel_size, 3);
+  EXPECT_EQ(c.to_json().find("virtual"), std::string::npos);
+  EXPECT_CONTAINS(raised<smp::ConfigError>([] {
+                    smp::Config::from_json(R"({"virtual_pipeline_model_parallel_size": 0})", "cfg");
+                  }),
+                  "cfg: field \"virtual_pipeline_model_parallel_size\": expected a positive integer, got 0");
+  smp::Config no_virtual;
+  no_virtual.virtual_pipeline_model_parallel_size = 2;
+  EXPECT_CONTAINS(raised<smp::ConfigError>([&] { no_virtual.validate(1); }),
+                  "virtual_pipeline_model_parallel_size 2 needs the pipeline \"interleaved_virtual\"");
 }
 
 TEST(SmpConfig, BadJsonNamesTheField) {
@@ -212,11 +228,11 @@ TEST(SmpConfig, BadJsonNamesTheField) {
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"partitions": "2"})", "cfg"); }),
                   "cfg: field \"partitions\": expected a positive integer, got \"2\"");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"pipeline": "zigzag"})", "cfg"); }),
-                  "cfg: field \"pipeline\": expected \"interleaved\", \"simple\" or \"zero_bubble\", got \"zigzag\"");
+                  "cfg: field \"pipeline\": expected \"interleaved\", \"simple\", \"zero_bubble\" or \"interleaved_virtual\", got \"zigzag\"");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"ddp": 1})", "cfg"); }),
                   "cfg: field \"ddp\": expected a boolean, got 1");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"partition": 2})", "cfg"); }),
-                  "cfg: field \"partition\": unknown (expected partitions, microbatches, pipeline, ddp)");
+                  "cfg: field \"partition\": unknown (expected partitions, microbatches, pipeline, ddp, virtual_pipeline_model_parallel_size)");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"partitions": 2)", "cfg"); }),
                   "cfg: not valid JSON");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json("[2]", "cfg"); }), "cfg: expected an object");
@@ -295,7 +311,7 @@ TEST(SmpConfig, FromFileAndEnvironment) {
   setenv(smp::kConfigVariable, me == n - 1 ? "{\"pipeline\": 7}" : "{}", 1);
   EXPECT_CONTAINS(raised<smp::ConfigError>([&] { smp::init(); }),
                   "smp::init: rank " + std::to_string(n - 1) +
-                      ": $PARTITA_SMP_CONFIG: field \"pipeline\": expected \"interleaved\", \"simple\" or \"zero_bubble\", got 7");
+                      ": $PARTITA_SMP_CONFIG: field \"pipeline\": expected \"interleaved\", \"simple\", \"zero_bubble\" or \"interleaved_virtual\", got 7");
   unsetenv(smp::kConfigVariable);
   smp::init();
   EXPECT_EQ(smp::mp_size(), 1);

@@ -256,6 +256,141 @@ TEST(Pipeline, UserSchedulesAreVerifiedBeforeTheFirstMessage) {
   }
 }
 
+// --- issue 31: virtual stages (Megatron's interleaved 1F1B) -------------------------
+
+void init_virtual(int partitions, int v) {
+  smp::Config cfg;
+  cfg.partitions = partitions;
+  cfg.pipeline = "interleaved_virtual";
+  cfg.virtual_pipeline_model_parallel_size = v;
+  smp::init(cfg);
+}
+
+// 9 Linear and 8 ReLU: 17 layers, enough for 8 ranks x 2 chunks; output
+// width 4 (a power of two: the mean's division is exact).
+testing::ModelSpec integer_mlp() { return {false, {4, 6, 4, 6, 4, 6, 4, 6, 4, 4}, 5, true}; }
+
+// The model split into p * v chunks, rank r holding chunks r, r + p, ...,
+// run in Megatron's interleaved order: equal to one process on the whole
+// batch, bit for bit with integer-valued data (tolerance 0, one SGD step)
+// and within 1e-10 with the float blocks (2 steps), at every partition count with its replicas
+// (at 4 ranks: 4 stages alone and 2 stages x 2 replicas; at 8: also 8 x 1
+// and 2 x 4); each rank runs v forwards and backwards per microbatch and
+// holds at most Megatron's warm-up + 1 activations.
+TEST(Pipeline, VirtualStagesEqualOneProcess) {
+  torch::set_num_threads(1);
+  int runs = 0;
+  for (int p : partition_counts()) {
+    if (p == 1) continue;
+    for (int v : {2, 3}) {
+      if (p * v > 17) continue;  // 8 ranks x 3 chunks needs 24 layers
+      init_virtual(p, v);
+      for (int m : {p, 2 * p}) {
+        testing::PipelineRun run;
+        run.model = integer_mlp();
+        run.microbatches = m;
+        run.batch = 16;
+        // One step: its gradients, and the parameters after the SGD update
+        // (lr a power of two), are exact; a second step's products of those
+        // parameters need more than float64's 53 bits.
+        run.steps = 1;
+        run.lr = 1.0 / 64;
+        smp::PipelineStats stats;
+        EXPECT_EQ(testing::check_against_serial(run, 0.0, &stats), "") << run;
+        const int r = smp::mp_rank();
+        EXPECT_EQ(stats.forwards, v * m) << run;
+        EXPECT_EQ(stats.backwards, v * m) << run;
+        EXPECT_EQ(stats.peak_live, std::min((p - r - 1) * 2 + (v - 1) * p + 1, v * m)) << run << " rank " << r;
+        EXPECT_EQ(stats.live, 0);
+        ++runs;
+      }
+      if (p * v <= 8) {  // float blocks (8 layers), 1e-10, explicit split points too
+        testing::PipelineRun run;
+        run.model = blocks8();
+        run.microbatches = p;
+        run.steps = 2;
+        EXPECT_EQ(testing::check_against_serial(run), "") << run;
+        if (p * v == 4) run.split_points = {1, 2, 6};
+        EXPECT_EQ(testing::check_against_serial(run), "") << run;
+        runs += 2;
+      }
+    }
+  }
+  int expected = 0;
+  for (int p : partition_counts())
+    for (int v : {2, 3})
+      if (p > 1 && p * v <= 17) expected += 2 + (p * v <= 8 ? 2 : 0);
+  EXPECT_EQ(runs, expected);
+  if (mpi::world_size() > 1) EXPECT_GT(runs, 0);
+}
+
+// What a rank holds: its chunks' stages and their parameters, named as in
+// the whole model.
+TEST(Pipeline, VirtualStagesHoldEveryPthChunk) {
+  const int n = mpi::world_size();
+  if (n == 1) GTEST_SKIP() << "needs 2+ ranks (one rank runs the whole model as one stage)";
+  init_virtual(2, 2);
+  smp::DistributedModel model(testing::build_model(integer_mlp()), {4, 8, 12});
+  const int r = smp::mp_rank();
+  EXPECT_EQ(model.virtual_stages(), 2);
+  EXPECT_EQ(model.local_stages(), (std::vector<int>{r, r + 2}));
+  EXPECT_EQ(model.bounds(), (std::vector<int>{0, 4, 8, 12, 17}));
+  std::vector<std::string> names;
+  for (const auto& [name, p] : model.named_parameters()) names.push_back(name);
+  // Linear layers sit at even indices: rank 0 holds layers 0-3 and 8-11,
+  // rank 1 layers 4-7 and 12-16.
+  const std::vector<std::string> expected =
+      r == 0 ? std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "8.weight", "8.bias", "10.weight", "10.bias"}
+             : std::vector<std::string>{"4.weight", "4.bias", "6.weight", "6.bias", "12.weight", "12.bias", "14.weight",
+                                        "14.bias", "16.weight", "16.bias"};
+  EXPECT_EQ(names, expected);
+}
+
+// Issue 31 item 6: v that the model's layers cannot hold (fewer layers than
+// p * v stages), v without the interleaved_virtual pipeline, and a
+// microbatch count Megatron's order cannot take raise a clear error on every
+// rank, at once.
+TEST(PipelineErrors, VirtualStagesTheModelOrScheduleCannotTake) {
+  const int n = mpi::world_size();
+  if (n == 1) GTEST_SKIP() << "needs 2+ ranks";
+  torch::set_num_threads(1);
+  for (int p : partition_counts()) {
+    if (p == 1) continue;
+    init_virtual(p, 2);
+    const auto t0 = std::chrono::steady_clock::now();
+    // Linear, GELU, Linear: 3 layers for 2p stages.
+    torch::nn::Sequential net = testing::build_model({false, {6, 5, 4}, 3});
+    EXPECT_CONTAINS(raised<smp::UsageError>([&] { smp::DistributedModel m(net); }),
+                    "virtual_pipeline_model_parallel_size 2 on " + std::to_string(p) + " pipeline ranks needs " +
+                        std::to_string(2 * p) + " stages of at least one layer, and the model has 3 layers");
+    std::vector<int> points(2 * p - 1, 1);
+    EXPECT_CONTAINS(raised<smp::UsageError>([&] { smp::DistributedModel m(net, points); }), "the model has 3 layers");
+    // Microbatches not a multiple of the ranks.
+    smp::DistributedModel model(testing::build_model(integer_mlp()));
+    auto train = testing::mse_step(model, p + 1);
+    const int64_t rows = 2 * (p + 1);
+    EXPECT_CONTAINS(raised<smp::ScheduleError>([&] {
+                      train(torch::randn({rows, 4}, torch::kDouble), torch::randn({rows, 4}, torch::kDouble));
+                    }),
+                    "interleaved_1f1b cannot take " + std::to_string(p + 1) + " microbatches on " +
+                        std::to_string(p) + " ranks");
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+    // The next step trains.
+    testing::PipelineRun run;
+    run.model = integer_mlp();
+    run.microbatches = p;
+    run.batch = 16;
+    run.steps = 1;
+    EXPECT_EQ(testing::check_against_serial(run, 0.0), "") << run;
+  }
+  // v > 1 with a schedule that has no virtual stages.
+  smp::Config cfg;
+  cfg.partitions = 2;
+  cfg.virtual_pipeline_model_parallel_size = 2;
+  EXPECT_CONTAINS(raised<smp::ConfigError>([&] { smp::init(cfg); }),
+                  "virtual_pipeline_model_parallel_size 2 needs the pipeline \"interleaved_virtual\"");
+}
+
 // --- a model that is not a Sequential: its children, in order --------------------
 
 struct ResidualImpl : torch::nn::Module {

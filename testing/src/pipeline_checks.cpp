@@ -34,7 +34,17 @@ torch::nn::Sequential build_model(const ModelSpec& spec) {
   torch::nn::Sequential seq;
   const auto& w = spec.widths;
   const size_t n = w.size();
-  if (!spec.blocks) {
+  if (spec.integer) {
+    for (size_t i = 0; i + 1 < n; ++i) {
+      torch::nn::Linear layer(w[i], w[i + 1]);
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : layer->parameters()) p.copy_(torch::randint(-1, 2, p.sizes()));
+      }
+      seq->push_back(layer);
+      if (i + 2 < n) seq->push_back(torch::nn::ReLU());
+    }
+  } else if (!spec.blocks) {
     for (size_t i = 0; i + 1 < n; ++i) {
       seq->push_back(torch::nn::Linear(w[i], w[i + 1]));
       if (i + 2 < n) seq->push_back(torch::nn::GELU());
@@ -49,13 +59,15 @@ torch::nn::Sequential build_model(const ModelSpec& spec) {
 }
 
 std::ostream& operator<<(std::ostream& os, const PipelineRun& r) {
-  os << "{\"model\": \"" << (r.model.blocks ? "blocks" : "mlp") << "\", \"widths\": [";
+  os << "{\"model\": \"" << (r.model.integer ? "integer_mlp" : r.model.blocks ? "blocks" : "mlp") << "\", \"widths\": [";
   for (size_t i = 0; i < r.model.widths.size(); ++i) os << (i ? ", " : "") << r.model.widths[i];
   os << "], \"seed\": " << r.model.seed << ", \"microbatches\": " << r.microbatches << ", \"split_points\": [";
   for (size_t i = 0; i < r.split_points.size(); ++i) os << (i ? ", " : "") << r.split_points[i];
   os << "], \"batch\": " << r.batch << ", \"steps\": " << r.steps;
   if (smp::initialized())
     os << ", \"partitions\": " << smp::mp_size() << ", \"pipeline\": \"" << smp::config().pipeline << "\"";
+  if (smp::initialized() && smp::config().virtual_pipeline_model_parallel_size != 1)
+    os << ", \"virtual_pipeline_model_parallel_size\": " << smp::config().virtual_pipeline_model_parallel_size;
   return os << "}";
 }
 
@@ -75,8 +87,10 @@ std::string check_against_serial(const PipelineRun& run, double tol, smp::Pipeli
   std::ostringstream err;
   for (int step = 0; step < run.steps; ++step) {
     torch::manual_seed(run.model.seed * 7919 + static_cast<uint64_t>(step));
-    const at::Tensor x = torch::randn({dp * B, in}, torch::kDouble);
-    const at::Tensor y = torch::randn({dp * B, out}, torch::kDouble);
+    const at::Tensor x = run.model.integer ? torch::randint(-3, 4, {dp * B, in}, torch::kDouble)
+                                           : torch::randn({dp * B, in}, torch::kDouble);
+    const at::Tensor y = run.model.integer ? torch::randint(-3, 4, {dp * B, out}, torch::kDouble)
+                                           : torch::randn({dp * B, out}, torch::kDouble);
     const at::Tensor xd = x.narrow(0, d * B, B), yd = y.narrow(0, d * B, B);
 
     const at::Tensor loss = train(xd, yd).reduce_mean();

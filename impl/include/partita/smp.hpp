@@ -57,13 +57,18 @@ struct UsageError : Error {
 
 // What a launcher passes (SageMaker's "mp_parameters"). JSON form:
 //   {"partitions": 2, "microbatches": 4, "pipeline": "interleaved", "ddp": true}
+// (and "virtual_pipeline_model_parallel_size": V with "interleaved_virtual")
 // every field optional, no others allowed.
 struct Config {
   int partitions = 1;                   // model-parallel degree: mp_size
   int microbatches = 1;                 // pieces smp::step splits a batch into
-  std::string pipeline = "interleaved";  // "interleaved" (1F1B), "simple" (GPipe) or "zero_bubble" (ZB-H1)
+  std::string pipeline = "interleaved";  // "interleaved" (1F1B), "simple" (GPipe), "zero_bubble" (ZB-H1) or
+                                        // "interleaved_virtual" (Megatron's interleaved 1F1B)
   bool ddp = true;                      // data parallelism: dp_size = world / partitions;
                                         // off: the world must be exactly `partitions`
+  // Megatron-LM's name: model chunks (virtual stages) per pipeline rank,
+  // more than 1 only with "interleaved_virtual" (docs/pipeline.md).
+  int virtual_pipeline_model_parallel_size = 1;
 
   // Throws ConfigError naming `source`, the field and what was expected.
   static Config from_json(const std::string& text, const std::string& source = "smp config");

@@ -11,7 +11,8 @@ namespace partita::smp {
 
 namespace {
 
-constexpr const char* kPipelines[] = {"interleaved", "simple", "zero_bubble"};
+constexpr const char* kPipelines[] = {"interleaved", "simple", "zero_bubble", "interleaved_virtual"};
+constexpr const char* kPipelineNames = "\"interleaved\", \"simple\", \"zero_bubble\" or \"interleaved_virtual\"";
 
 [[noreturn]] void field_error(const std::string& source, const std::string& field, const std::string& expected,
                               const json::Value& got) {
@@ -53,7 +54,8 @@ Config Config::from_json(const std::string& text, const std::string& source) {
   }
   if (!doc.is_object())
     throw ConfigError(source + ": expected an object {\"partitions\": N, \"microbatches\": M, "
-                               "\"pipeline\": \"interleaved\"|\"simple\"|\"zero_bubble\", \"ddp\": true|false}, got " +
+                               "\"pipeline\": \"interleaved\"|\"simple\"|\"zero_bubble\"|\"interleaved_virtual\", \"ddp\": true|false, "
+                               "\"virtual_pipeline_model_parallel_size\": V}, got " +
                       json::dump(doc));
   Config c;
   for (const auto& [key, v] : doc.items()) {
@@ -62,17 +64,20 @@ Config Config::from_json(const std::string& text, const std::string& source) {
     } else if (key == "microbatches") {
       c.microbatches = positive(source, "microbatches", v);
     } else if (key == "pipeline") {
-      if (!v.is_string()) field_error(source, "pipeline", "\"interleaved\", \"simple\" or \"zero_bubble\"", v);
+      if (!v.is_string()) field_error(source, "pipeline", kPipelineNames, v);
       c.pipeline = v.get<std::string>();
       bool known = false;
       for (const char* p : kPipelines) known = known || c.pipeline == p;
-      if (!known) field_error(source, "pipeline", "\"interleaved\", \"simple\" or \"zero_bubble\"", v);
+      if (!known) field_error(source, "pipeline", kPipelineNames, v);
+    } else if (key == "virtual_pipeline_model_parallel_size") {
+      c.virtual_pipeline_model_parallel_size = positive(source, "virtual_pipeline_model_parallel_size", v);
     } else if (key == "ddp") {
       if (!v.is_boolean()) field_error(source, "ddp", "a boolean", v);
       c.ddp = v.get<bool>();
     } else {
       throw ConfigError(source + ": field \"" + key +
-                        "\": unknown (expected partitions, microbatches, pipeline, ddp)");
+                        "\": unknown (expected partitions, microbatches, pipeline, ddp, "
+                        "virtual_pipeline_model_parallel_size)");
     }
   }
   return c;
@@ -98,6 +103,8 @@ std::string Config::to_json() const {
   doc["microbatches"] = microbatches;
   doc["pipeline"] = pipeline;
   doc["ddp"] = ddp;
+  if (virtual_pipeline_model_parallel_size != 1)
+    doc["virtual_pipeline_model_parallel_size"] = virtual_pipeline_model_parallel_size;
   return json::dump(doc);
 }
 
@@ -107,7 +114,15 @@ void Config::validate(int world_size) const {
   if (microbatches < 1) throw ConfigError(what + "microbatches must be at least 1");
   bool known = false;
   for (const char* p : kPipelines) known = known || pipeline == p;
-  if (!known) throw ConfigError(what + "unknown pipeline \"" + pipeline + "\" (expected interleaved, simple or zero_bubble)");
+  if (!known)
+    throw ConfigError(what + "unknown pipeline \"" + pipeline +
+                      "\" (expected interleaved, simple, zero_bubble or interleaved_virtual)");
+  if (virtual_pipeline_model_parallel_size < 1)
+    throw ConfigError(what + "virtual_pipeline_model_parallel_size must be at least 1");
+  if (virtual_pipeline_model_parallel_size > 1 && pipeline != "interleaved_virtual")
+    throw ConfigError(what + "virtual_pipeline_model_parallel_size " +
+                      std::to_string(virtual_pipeline_model_parallel_size) + " needs the pipeline \"interleaved_virtual\" (the "
+                      "only schedule with virtual stages), not \"" + pipeline + "\"");
   if (world_size % partitions != 0)
     throw ConfigError(what + "the world of " + std::to_string(world_size) + " processes is not divisible into " +
                       std::to_string(partitions) + " partitions");

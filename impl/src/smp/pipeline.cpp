@@ -62,7 +62,8 @@ constexpr int kTagBase = 1400;
 constexpr long kMaxEpochs = 1 << 20;
 constexpr int64_t kMagic = 0x45504950;  // "PIPE"
 constexpr int kMaxDims = 12;
-constexpr int kHeaderWords = 6 + 2 * kMaxDims;  // magic, status, mb, dtype, ndim, dims, xndim, xdims
+constexpr int kHeaderWords = 7 + 2 * kMaxDims;  // magic, status, mb, dtype, ndim, dims, xndim, xdims, stage
+constexpr int kStageWord = 6 + 2 * kMaxDims;     // the (virtual) stage whose output the activation is
 
 // What a step has posted and not yet finished: the buffers must outlive
 // the requests. A failed step's are abandoned (kept for ever, requests
@@ -89,6 +90,7 @@ struct StepState {
   std::vector<Action> list;        // this rank's actions, messages included
   size_t current = 0;              // the one running
   std::vector<size_t> pending;     // actions before the model's first call (its RECV_F): run then
+  int chunks = 1;                  // the schedule's stages per rank (virtual stages)
 };
 StepState* g_step = nullptr;
 
@@ -249,30 +251,41 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   std::shared_ptr<torch::nn::Module> root;                  // the whole model
   std::vector<std::string> names;                           // every layer's
   std::vector<std::shared_ptr<torch::nn::Module>> children;  // every layer
-  std::vector<detail::LayerCall> layers;                    // this stage's
-  std::vector<int> bounds;
-  int stage = 0, stages = 1;
+  std::vector<detail::LayerCall> calls;                     // every layer's (the stand-in's probe)
+  std::vector<std::vector<detail::LayerCall>> layers;       // this rank's, per chunk
+  std::vector<int> bounds;                                  // every stage's: stages * v + 1 numbers
+  // This rank's place: mp rank `stage` of `stages`. With v chunks (virtual
+  // stages, Megatron's interleaved schedule) it holds the model's stages
+  // stage, stage + stages, ..., stage + (v - 1) stages; chunk c is the c-th.
+  int stage = 0, stages = 1, v = 1;
   mpi::Communicator comm;  // the mp group
   MPI_Comm raw = MPI_COMM_NULL;
   // The output's dtype and shape for a model input of a given dtype and
   // shape (the stand-in on stages before the last).
   std::map<std::vector<int64_t>, std::vector<int64_t>> out_shapes;
 
-  // One microbatch on this stage: what its actions leave for the next ones.
-  struct Mb {
-    bool forwarded = false, backward_requested = false, done = false;
-    bool sent = false;           // SEND_F ran (or the forward sent early, see forward)
+  // One microbatch on one of this rank's chunks: what its actions leave
+  // for the next ones.
+  struct Part {
+    bool forwarded = false, done = false;
+    bool sent = false;           // SEND_F ran (or the forward sent early, see call)
     at::Tensor input;            // stages after the first: the received activation (a leaf)
     std::vector<int64_t> x_shape;  // the shape of stage 0's x, from the header
     at::Tensor output;           // stages before the last: this stage's output, sent on
-    at::Tensor loss;             // the last stage: loss / microbatches
     at::Tensor grad_out;         // RECV_B: the gradient of `output` from the next stage
     at::Tensor grad_in;          // I or B: the gradient of `input`, for SEND_B
-    at::Tensor target_tensor;    // the output (or stand-in) returned to the step
-    std::shared_ptr<torch::autograd::Node> target;  // its node in the graph
     int64_t bytes = 0;
   };
+  // One microbatch: the step function's call (the model's call in it).
+  struct Mb {
+    bool called = false, backward_requested = false;
+    at::Tensor loss;             // the rank of the last stage: loss / microbatches
+    at::Tensor target_tensor;    // the output (or stand-in) returned to the step
+    std::shared_ptr<torch::autograd::Node> target;  // its node in the graph
+  };
   std::vector<Mb> mbs;
+  std::vector<std::vector<Part>> parts;  // [chunk][microbatch]
+  bool grad_mode = true;  // at the model's first call: for the forwards the executor runs outside it
   bool training = false;
   int first_called = -1;  // the microbatch whose step function ran first: it decides `training`
   long steps_begun = 0;
@@ -282,6 +295,27 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
 
   bool first() const { return stage == 0; }
   bool last() const { return stage == stages - 1; }
+  // The model's stage of chunk c, and the chunks holding the model's first
+  // and last stage.
+  int global(int c) const { return stage + c * stages; }
+  bool first_stage(int c) const { return first() && c == 0; }
+  bool last_stage(int c) const { return last() && c == v - 1; }
+  // The chunk whose forward runs in the model's call: the first stage's on
+  // mp rank 0 (it needs x), the last stage's on the last rank (it returns
+  // the output), chunk 0 elsewhere (docs/pipeline.md, "Virtual stages").
+  int call_chunk() const { return last() ? v - 1 : 0; }
+  // The mp group's rank of pipeline rank s, and this rank's neighbours: the
+  // previous stage of any chunk is on prev_rank(), the next on next_rank().
+  int peer(int s) const { return s; }
+  int prev_rank() const { return peer((stage + stages - 1) % stages); }
+  int next_rank() const { return peer((stage + 1) % stages); }
+  int chunk_of(const Action& a) const {
+    const int c = (a.stage - stage) / stages;
+    if (a.stage < stage || (a.stage - stage) % stages != 0 || c >= v)
+      throw UsageError("smp::DistributedModel on mp rank " + std::to_string(stage) + ": the schedule's action " +
+                       to_string(a) + " is for a stage this rank does not hold");
+    return c;
+  }
 
   void touch() {  // the first action of a step starts its clock
     if (!step_started) {
@@ -294,6 +328,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     ++steps_begun;
     const int n = st.microbatches;
     mbs.assign(n, Mb{});
+    parts.assign(v, std::vector<Part>(n));
     training = false;
     first_called = -1;
     stats = PipelineStats{};
@@ -342,11 +377,12 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     f.requests.push_back(r);
   }
 
-  std::vector<int64_t> header(int64_t status, int mb, const at::Tensor& act, at::IntArrayRef x) const {
+  std::vector<int64_t> header(int64_t status, int mb, const at::Tensor& act, at::IntArrayRef x, int from) const {
     std::vector<int64_t> h(kHeaderWords, 0);
     h[0] = kMagic;
     h[1] = status;
     h[2] = mb;
+    h[kStageWord] = from;
     if (status != 0) return h;
     h[3] = static_cast<int64_t>(act.scalar_type());
     h[4] = act.dim();
@@ -365,6 +401,12 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   std::string where(int mb) const {
     return "smp::DistributedModel stage " + std::to_string(stage) + " of " + std::to_string(stages) +
            ", microbatch " + std::to_string(mb);
+  }
+  std::string where(int c, int mb) const {
+    if (v == 1) return where(mb);
+    return "smp::DistributedModel stage " + std::to_string(global(c)) + " of " + std::to_string(stages * v) +
+           " (chunk " + std::to_string(c) + " of mp rank " + std::to_string(stage) + "), microbatch " +
+           std::to_string(mb);
   }
 
   // A small message from a neighbour: probed for first (so that a wait
@@ -426,67 +468,93 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
 
   // RECV_F: the header and the activation from the previous stage, checked
   // against what this stage expects.
-  void receive_activation(int mb) {
-    Mb& m = mbs[mb];
+  void receive_activation(int c, int mb) {
+    Part& m = parts[c][mb];
     const auto t0 = Clock::now();
-    const std::string what = where(mb) + ": receiving the activation from stage " + std::to_string(stage - 1);
-    std::vector<int64_t> h = receive_words(kHeaderWords, stage - 1, kHeader, what);
+    const int from = global(c) - 1;
+    const std::string what = where(c, mb) + ": receiving the activation from stage " + std::to_string(from);
+    std::vector<int64_t> h = receive_words(kHeaderWords, prev_rank(), kHeader, what);
     if (h[0] != kMagic) throw UsageError(what + ": not a pipeline header");
     if (h[1] != 0) throw UsageError(what + ": a header of unknown status " + std::to_string(h[1]));
-    if (h[2] != mb)
-      throw UsageError(what + ": stage " + std::to_string(stage - 1) + " sent microbatch " + std::to_string(h[2]) +
-                       " where this stage runs microbatch " + std::to_string(mb) +
-                       " (the stages' schedules disagree)");
+    if (h[2] != mb || h[kStageWord] != from)
+      throw UsageError(what + ": stage " + std::to_string(h[kStageWord]) + " sent microbatch " +
+                       std::to_string(h[2]) + " where this stage runs microbatch " + std::to_string(mb) +
+                       " of stage " + std::to_string(from) + " (the stages' schedules disagree)");
     m.x_shape.assign(h.begin() + 6 + kMaxDims, h.begin() + 6 + kMaxDims + h[5 + kMaxDims]);
     const std::vector<int64_t> shape(h.begin() + 5, h.begin() + 5 + h[4]);
     const auto dtype = static_cast<at::ScalarType>(h[3]);
     at::Tensor buffer = at::empty(shape, at::TensorOptions().dtype(dtype));
-    receive_into(buffer, stage - 1, tag_of(kAct), what);
+    receive_into(buffer, prev_rank(), tag_of(kAct), what);
     if (at::isFloatingType(dtype)) buffer.requires_grad_(true);
     m.input = buffer;
     stats.wait_seconds += seconds_since(t0);
   }
 
   // SEND_F: the header, then the activation, to the next stage.
-  void send_activation(int mb) {
-    Mb& m = mbs[mb];
+  void send_activation(int c, int mb) {
+    Part& m = parts[c][mb];
     if (m.sent) return;
-    if (!m.forwarded) throw UsageError(where(mb) + ": SEND_F before the forward");
-    post(header(0, mb, m.output, m.x_shape), stage + 1, kHeader);
-    send_tensor(m.output, stage + 1, tag_of(kAct));
+    if (!m.forwarded) throw UsageError(where(c, mb) + ": SEND_F before the forward");
+    post(header(0, mb, m.output, m.x_shape, global(c)), next_rank(), kHeader);
+    send_tensor(m.output, next_rank(), tag_of(kAct));
     m.sent = true;
   }
 
-  // Stages before the last: the output's dtype and shape for this input.
+  // Ranks but the last: the output's dtype and shape for this input. One
+  // stage per rank: the last stage sends it after its first forward of a
+  // model input of this shape. With virtual stages that forward comes after
+  // this rank's later chunks, which wait for this call: the rank finds the
+  // shape itself, running its copy of the whole model on x once per input
+  // shape, in eval mode and without gradients (so that BatchNorm's running
+  // statistics and Dropout's random numbers are untouched).
   std::vector<int64_t> output_shape(int mb, const at::Tensor& x) {
     const auto key = key_of(x);
     auto it = out_shapes.find(key);
     if (it != out_shapes.end()) return it->second;
-    std::vector<int64_t> words = receive_words(2 + kMaxDims, stages - 1, kShape,
-                                               where(mb) + ": receiving the output's shape from the last stage");
-    words.resize(2 + words[1]);
+    std::vector<int64_t> words;
+    if (v == 1) {
+      words = receive_words(2 + kMaxDims, peer(stages - 1), kShape,
+                            where(mb) + ": receiving the output's shape from the last stage");
+      words.resize(2 + words[1]);
+    } else {
+      std::vector<std::pair<torch::nn::Module*, bool>> modes;
+      for (const auto& mod : root->modules()) modes.emplace_back(mod.get(), mod->is_training());
+      auto restore = [&] {
+        for (auto& [mod, on] : modes) mod->train(on);  // pre-order: a parent, then its children
+      };
+      at::Tensor h = x;
+      try {
+        at::NoGradGuard no_grad;
+        root->eval();
+        for (auto& call : calls) h = call(h);
+      } catch (...) {
+        restore();
+        throw;
+      }
+      restore();
+      words = {static_cast<int64_t>(h.scalar_type()), h.dim()};
+      for (int64_t s : h.sizes()) words.push_back(s);
+    }
     out_shapes.emplace(key, words);
     return words;
   }
 
-  // F, inside the step function's call for microbatch mb.
-  at::Tensor forward(int mb, const at::Tensor& x) {
-    touch();
-    Mb& m = mbs[mb];
-    if (!first()) {
+  // F of chunk c: in the model's call (x given) or run by the executor.
+  at::Tensor run_chunk(int c, int mb, const at::Tensor& x) {
+    Part& m = parts[c][mb];
+    at::Tensor h;
+    if (first_stage(c)) {
+      if (!x.defined()) throw UsageError(where(c, mb) + ": the first stage's forward outside the model's call");
+      m.x_shape = x.sizes().vec();
+      h = x;
+    } else {
       if (!m.input.defined())
-        throw UsageError(where(mb) + ": the forward runs before its activation was received (RECV_F)");
-      if (at::IntArrayRef(m.x_shape) != x.sizes())
-        throw UsageError(where(mb) + ": receiving the activation from stage " + std::to_string(stage - 1) +
-                         ": mismatched microbatch shapes: stage 0 ran the model on an input of shape " +
-                         shape_text(m.x_shape) + ", this stage was given " + shape_text(x.sizes()));
+        throw UsageError(where(c, mb) + ": the forward runs before its activation was received (RECV_F)");
+      h = m.input;
     }
-    if (first()) m.x_shape = x.sizes().vec();
-    if (x.dim() > kMaxDims) throw UsageError(where(mb) + ": a model input of more than 12 dimensions");
-    at::Tensor h = first() ? x : m.input;
     const auto t1 = Clock::now();
     int64_t bytes = 0;
-    for (auto& layer : layers) {
+    for (auto& layer : layers[c]) {
       h = layer(h);
       bytes += h.numel() * static_cast<int64_t>(h.element_size());
     }
@@ -498,32 +566,56 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     stats.live_bytes += bytes;
     stats.peak_live = std::max(stats.peak_live, stats.live);
     stats.peak_bytes = std::max(stats.peak_bytes, stats.live_bytes);
+    if (!last_stage(c)) {
+      if (h.dim() > kMaxDims) throw UsageError(where(c, mb) + ": an activation of more than 12 dimensions");
+      // The gradient must come back even through a stage without parameters.
+      if (!h.requires_grad() && at::isFloatingType(h.scalar_type())) h = h.detach().requires_grad_(true);
+      m.output = h;
+    }
+    return h;
+  }
+
+  // The model's call, inside the step function for microbatch mb: the F of
+  // call_chunk().
+  at::Tensor call(int mb, const at::Tensor& x) {
+    touch();
+    const int c = call_chunk();
+    Part& part = parts[c][mb];
+    if (!first_stage(c)) {
+      if (!part.input.defined())
+        throw UsageError(where(c, mb) + ": the forward runs before its activation was received (RECV_F)");
+      if (at::IntArrayRef(part.x_shape) != x.sizes())
+        throw UsageError(where(c, mb) + ": receiving the activation from stage " + std::to_string(global(c) - 1) +
+                         ": mismatched microbatch shapes: stage 0 ran the model on an input of shape " +
+                         shape_text(part.x_shape) + ", this stage was given " + shape_text(x.sizes()));
+    }
+    if (x.dim() > kMaxDims) throw UsageError(where(c, mb) + ": a model input of more than 12 dimensions");
+    at::Tensor h = run_chunk(c, mb, x);
+    Mb& m = mbs[mb];
+    m.called = true;
     if (last()) {
-      if (stages > 1 && !out_shapes.count(key_of(x))) {
+      if (v == 1 && stages > 1 && !out_shapes.count(key_of(x))) {
         std::vector<int64_t> words{static_cast<int64_t>(h.scalar_type()), h.dim()};
         for (int64_t s : h.sizes()) words.push_back(s);
         words.resize(2 + kMaxDims, 0);
-        for (int s = 0; s + 1 < stages; ++s) post(words, s, kShape);
+        for (int s = 0; s + 1 < stages; ++s) post(words, peer(s), kShape);
         out_shapes.emplace(key_of(x), std::vector<int64_t>(words.begin(), words.begin() + 2 + h.dim()));
       }
       m.target_tensor = h;
       m.target = h.grad_fn();
       return h;
     }
-    if (h.dim() > kMaxDims) throw UsageError(where(mb) + ": an activation of more than 12 dimensions");
-    // The gradient must come back even through a stage without parameters.
-    if (!h.requires_grad() && at::isFloatingType(h.scalar_type())) h = h.detach().requires_grad_(true);
-    m.output = h;
-    // The stand-in needs the output's shape, which the last stage sends
-    // after its first forward of a model input of this shape: the
-    // activation must be on its way first. The built-in schedules (and
-    // with_comms) put SEND_F right after F; it runs here, and its action
-    // then finds it done.
-    if (!out_shapes.count(key_of(x))) {
+    // One stage per rank: the stand-in needs the output's shape, which the
+    // last stage sends after its first forward of a model input of this
+    // shape: the activation must be on its way first. The built-in
+    // schedules (and with_comms) put SEND_F right after F; it runs here, and
+    // its action then finds it done.
+    if (v == 1 && !out_shapes.count(key_of(x))) {
       const auto& list = g_step->list;
       const size_t next = g_step->current + 1;
-      if (next < list.size() && list[next].kind == ActionKind::kSendF && list[next].microbatch == mb)
-        send_activation(mb);
+      if (next < list.size() && list[next].kind == ActionKind::kSendF && list[next].microbatch == mb &&
+          list[next].stage == global(c))
+        send_activation(c, mb);
     }
     const std::vector<int64_t> o = output_shape(mb, x);
     at::Tensor stand_in = at::zeros(std::vector<int64_t>(o.begin() + 2, o.end()),
@@ -539,7 +631,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   void request_backward(int mb, const at::Tensor& loss) {
     Mb& m = mbs[mb];
     const std::string what = "smp::DistributedModel::backward in microbatch " + std::to_string(mb);
-    if (!m.forwarded) throw UsageError(what + ": the model has not run in this microbatch");
+    if (!m.called) throw UsageError(what + ": the model has not run in this microbatch");
     if (m.backward_requested) throw UsageError(what + ": called twice in one microbatch");
     if (!loss.defined() || loss.numel() != 1)
       throw UsageError(what + ": the loss must be a tensor of one element, got " +
@@ -565,10 +657,10 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     }
   }
 
-  // This stage's parameters that take gradients (W's inputs).
-  std::vector<at::Tensor> trainable() const {
+  // The parameters of chunk c that take gradients (W's inputs).
+  std::vector<at::Tensor> trainable(int c) const {
     std::vector<at::Tensor> out;
-    for (int i = bounds[stage]; i < bounds[stage + 1]; ++i)
+    for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
       for (auto& p : children[i]->parameters())
         if (p.requires_grad()) out.push_back(p);
     return out;
@@ -576,92 +668,104 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
 
   // What a backward starts from: the loss on the last stage, else the
   // output with the gradient RECV_B brought.
-  std::pair<at::Tensor, std::vector<at::Tensor>> backward_root(int mb, const char* kind) {
-    Mb& m = mbs[mb];
-    if (!m.forwarded) throw UsageError(where(mb) + ": " + kind + " before the forward");
-    if (last()) return {m.loss, {}};
+  std::pair<at::Tensor, std::vector<at::Tensor>> backward_root(int c, int mb, const char* kind) {
+    Part& m = parts[c][mb];
+    if (!m.forwarded) throw UsageError(where(c, mb) + ": " + kind + " before the forward");
+    if (last_stage(c)) return {mbs[mb].loss, {}};
     if (!m.grad_out.defined())
-      throw UsageError(where(mb) + ": " + kind + " before the output's gradient was received (RECV_B)");
+      throw UsageError(where(c, mb) + ": " + kind + " before the output's gradient was received (RECV_B)");
     return {m.output, {m.grad_out}};
   }
 
   // The gradient of the received activation, after backward() put it there.
-  void keep_input_grad(Mb& m) {
-    if (first() || !m.input.defined()) return;
+  void keep_input_grad(int c, Part& m) {
+    if (first_stage(c) || !m.input.defined()) return;
     m.grad_in = m.input.grad().defined() ? m.input.grad() : at::zeros_like(m.input);
   }
 
-  void release(int mb) {
-    Mb& m = mbs[mb];
+  void release(int c, int mb) {
+    Part& m = parts[c][mb];
     m.done = true;
-    m.input = m.output = m.loss = m.grad_out = m.target_tensor = at::Tensor();
-    m.target.reset();
+    m.input = m.output = m.grad_out = at::Tensor();
+    if (c == call_chunk()) {
+      mbs[mb].loss = mbs[mb].target_tensor = at::Tensor();
+      mbs[mb].target.reset();
+    }
     --stats.live;
     stats.live_bytes -= m.bytes;
   }
 
-  // One executor action (every kind but F, which runs in the step function).
-  // Without training (an evaluation step) the backward kinds do nothing.
+  // One executor action: every kind but the F of the model's call (which
+  // runs in the step function). Without training (an evaluation step) the
+  // backward kinds do nothing.
   void run(const Action& a) {
     const int mb = a.microbatch;
-    Mb& m = mbs[mb];
+    const int c = chunk_of(a);
+    Part& m = parts[c][mb];
     touch();
     switch (a.kind) {
-      case ActionKind::kRecvF: receive_activation(mb); break;
-      case ActionKind::kSendF: send_activation(mb); break;
+      case ActionKind::kRecvF: receive_activation(c, mb); break;
+      case ActionKind::kSendF: send_activation(c, mb); break;
       case ActionKind::kRecvB: {
         if (!training) break;
         const auto t0 = Clock::now();
         at::Tensor g = at::empty_like(m.output, at::MemoryFormat::Contiguous);
-        receive_into(g, stage + 1, grad_tag(), where(mb) + ": waiting for the gradient from stage " + std::to_string(stage + 1));
+        receive_into(g, next_rank(), grad_tag(),
+                     where(c, mb) + ": waiting for the gradient from stage " + std::to_string(global(c) + 1));
         m.grad_out = g;
         stats.wait_seconds += seconds_since(t0);
         break;
       }
       case ActionKind::kFullBackward: {
         if (!training) break;
-        auto [out, grads] = backward_root(mb, "B");
+        auto [out, grads] = backward_root(c, mb, "B");
         const auto t0 = Clock::now();
         if (out.requires_grad()) torch::autograd::backward({out}, grads);
-        keep_input_grad(m);
+        keep_input_grad(c, m);
         stats.busy_seconds += seconds_since(t0);
         ++stats.backwards;
-        release(mb);
+        release(c, mb);
         break;
       }
       case ActionKind::kBackwardInput: {
         if (!training) break;
-        auto [out, grads] = backward_root(mb, "I");
+        auto [out, grads] = backward_root(c, mb, "I");
         const auto t0 = Clock::now();
         // Only the received activation's gradient; the graph stays for W.
-        if (!first() && m.input.defined() && m.input.requires_grad() && out.requires_grad())
+        if (!first_stage(c) && m.input.defined() && m.input.requires_grad() && out.requires_grad())
           torch::autograd::backward({out}, grads, /*retain_graph=*/true, /*create_graph=*/false, {m.input});
-        keep_input_grad(m);
+        keep_input_grad(c, m);
         stats.busy_seconds += seconds_since(t0);
         ++stats.backwards;
         break;
       }
       case ActionKind::kBackwardWeight: {
         if (!training) break;
-        auto [out, grads] = backward_root(mb, "W");
+        auto [out, grads] = backward_root(c, mb, "W");
         const auto t0 = Clock::now();
         // Only this stage's parameters' gradients (accumulated as a full
         // backward accumulates them), then the graph goes.
-        const std::vector<at::Tensor> params = trainable();
+        const std::vector<at::Tensor> params = trainable(c);
         if (!params.empty() && out.requires_grad())
           torch::autograd::backward({out}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
         stats.busy_seconds += seconds_since(t0);
-        release(mb);
+        release(c, mb);
         break;
       }
       case ActionKind::kSendB: {
         if (!training) break;
-        if (!m.grad_in.defined()) throw UsageError(where(mb) + ": SEND_B before its backward");
-        send_tensor(m.grad_in, stage - 1, grad_tag());
+        if (!m.grad_in.defined()) throw UsageError(where(c, mb) + ": SEND_B before its backward");
+        send_tensor(m.grad_in, prev_rank(), grad_tag());
         m.grad_in = at::Tensor();
         break;
       }
-      case ActionKind::kForward: throw UsageError(where(mb) + ": a forward outside the step function");
+      case ActionKind::kForward: {
+        // A chunk's forward outside the model's call (virtual stages), with
+        // the gradient mode the step function had at the model's first call.
+        at::AutoGradMode mode(grad_mode);
+        run_chunk(c, mb, at::Tensor());
+        break;
+      }
     }
     stats.step_seconds = seconds_since(step_start);
   }
@@ -670,9 +774,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     const int dp = dp_size();
     if (dp == 1) return;
     std::vector<at::Tensor> local;
-    for (int i = bounds[stage]; i < bounds[stage + 1]; ++i)
-      for (auto& p : children[i]->parameters())
-        if (p.requires_grad()) local.push_back(p);
+    for (int c = 0; c < v; ++c)
+      for (auto& p : trainable(c)) local.push_back(p);
     std::map<at::ScalarType, std::vector<at::Tensor>> groups;
     for (auto& p : local) groups[p.scalar_type()].push_back(p);
     for (auto& [type, params] : groups) {
@@ -732,9 +835,9 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         std::vector<at::Tensor> mine;
         for (at::Tensor* t : returned) mine.push_back(t->defined() ? t->detach() : *t);
         const std::string bytes = message::encode_ivalue(c10::IValue(c10::List<at::Tensor>(mine)));
-        for (int s = 0; s + 1 < stages; ++s) post_bytes(bytes, MPI_BYTE, 1, s, tag, raw);
+        for (int s = 0; s + 1 < stages; ++s) post_bytes(bytes, MPI_BYTE, 1, peer(s), tag, raw);
       } else {
-        const std::string bytes = receive_bytes(stages - 1, tag, raw, where(0) + ": receiving the returned values from the last stage");
+        const std::string bytes = receive_bytes(peer(stages - 1), tag, raw, where(0) + ": receiving the returned values from the last stage");
         const auto list = message::decode_ivalue(bytes.data(), bytes.size()).toTensorVector();
         if (list.size() != returned.size())
           throw UsageError("smp::step: the last stage returned " + std::to_string(list.size()) +
@@ -743,8 +846,9 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         for (size_t i = 0; i < list.size(); ++i) *returned[i] = list[i];
       }
     }
-    for (int mb = 0; mb < static_cast<int>(mbs.size()); ++mb)  // an evaluation step's
-      if (mbs[mb].forwarded && !mbs[mb].done) release(mb);
+    for (int c = 0; c < v; ++c)  // an evaluation step's
+      for (int mb = 0; mb < static_cast<int>(mbs.size()); ++mb)
+        if (parts[c][mb].forwarded && !parts[c][mb].done) release(c, mb);
     if (training) all_reduce_gradients();
     end_agreement();
     wait_requests(g_step->inflight.requests, where(0) + ": messages to the other stages");
@@ -793,11 +897,16 @@ DistributedModel::DistributedModel(std::shared_ptr<torch::nn::Module> model, std
   m.root = model;
   m.stage = mp_rank();
   m.stages = mp_size();
-  detail::Stages st = detail::split_into_stages(model, split_points, m.stages);
+  // One rank holds the whole model: nothing to interleave (docs/pipeline.md).
+  m.v = m.stages > 1 ? config().virtual_pipeline_model_parallel_size : 1;
+  detail::Stages st = detail::split_into_stages(model, split_points, m.stages, m.v);
   m.names = std::move(st.names);
   m.children = std::move(st.children);
   m.bounds = std::move(st.bounds);
-  for (int i = m.bounds[m.stage]; i < m.bounds[m.stage + 1]; ++i) m.layers.push_back(st.calls[i]);
+  m.layers.resize(m.v);
+  for (int c = 0; c < m.v; ++c)
+    for (int i = m.bounds[m.global(c)]; i < m.bounds[m.global(c) + 1]; ++i) m.layers[c].push_back(st.calls[i]);
+  m.calls = std::move(st.calls);
   m.raw = communicator(MP_GROUP);
   m.comm = mpi::Communicator::wrap(m.raw);
 }
@@ -811,7 +920,13 @@ at::Tensor DistributedModel::operator()(const at::Tensor& x) {
     if (mb != 0)
       throw UsageError("smp::DistributedModel: the step function must call the model in every microbatch; "
                        "microbatch 0 did not");
+    if (g_step->chunks != impl_->v)
+      throw UsageError("smp::DistributedModel: the model holds " + std::to_string(impl_->v) +
+                       " chunk(s) per rank (virtual_pipeline_model_parallel_size when it was built), the step's "
+                       "schedule " + std::to_string(g_step->chunks) +
+                       " stage(s) per rank; build the model after smp::init, with the configuration the steps use");
     impl_->begin_step(*g_step);
+    impl_->grad_mode = at::GradMode::is_enabled();
     g_step->model = impl_.get();
     const size_t now = g_step->current;
     for (size_t i : g_step->pending) {
@@ -823,11 +938,11 @@ at::Tensor DistributedModel::operator()(const at::Tensor& x) {
     g_step->pending.clear();
     g_step->current = now;
   }
-  if (impl_->mbs[mb].forwarded)
+  if (impl_->mbs[mb].called)
     throw UsageError("smp::DistributedModel: called twice in microbatch " + std::to_string(mb) +
                      " (once per microbatch)");
   if (!x.defined()) throw UsageError("smp::DistributedModel: the input is an undefined tensor");
-  return impl_->forward(mb, x);  // a failure reaches the other stages through PipelineStep::fail
+  return impl_->call(mb, x);  // a failure reaches the other stages through PipelineStep::fail
 }
 
 void DistributedModel::backward(const at::Tensor& loss) {
@@ -838,6 +953,12 @@ void DistributedModel::backward(const at::Tensor& loss) {
 
 int DistributedModel::stage() const { return impl_->stage; }
 int DistributedModel::stages() const { return impl_->stages; }
+int DistributedModel::virtual_stages() const { return impl_->v; }
+std::vector<int> DistributedModel::local_stages() const {
+  std::vector<int> out;
+  for (int c = 0; c < impl_->v; ++c) out.push_back(impl_->global(c));
+  return out;
+}
 int DistributedModel::first_layer() const { return impl_->bounds[impl_->stage]; }
 int DistributedModel::end_layer() const { return impl_->bounds[impl_->stage + 1]; }
 const std::vector<int>& DistributedModel::bounds() const { return impl_->bounds; }
@@ -851,9 +972,10 @@ std::vector<at::Tensor> DistributedModel::parameters() const {
 
 std::vector<std::pair<std::string, at::Tensor>> DistributedModel::named_parameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (int i = first_layer(); i < end_layer(); ++i)
-    for (const auto& item : impl_->children[i]->named_parameters())
-      out.emplace_back(impl_->names[i] + "." + item.key(), item.value());
+  for (int k : local_stages())
+    for (int i = impl_->bounds[k]; i < impl_->bounds[k + 1]; ++i)
+      for (const auto& item : impl_->children[i]->named_parameters())
+        out.emplace_back(impl_->names[i] + "." + item.key(), item.value());
   return out;
 }
 
@@ -866,9 +988,10 @@ std::optional<Schedule>& g_user_schedule() {
 }
 
 // The schedule of a step of `microbatches` on `ranks` pipeline ranks: the
-// user's (set_schedule) or the configuration's. What this executor runs:
-// one stage per rank, stage s on mp rank s.
-Schedule step_schedule(int ranks, int microbatches, const std::string& configured) {
+// user's (set_schedule) or the configuration's (with v stages per rank).
+// What this executor runs: stage k on mp rank k mod ranks (Megatron's
+// placement of virtual stages; stage s on rank s when there is one per rank).
+Schedule step_schedule(int ranks, int microbatches, const std::string& configured, int v) {
   const auto& user = g_user_schedule();
   Schedule s;
   if (user) {
@@ -880,17 +1003,18 @@ Schedule step_schedule(int ranks, int microbatches, const std::string& configure
       throw ScheduleError("pipeline schedule: \"" + s.name + "\" is for " + std::to_string(s.microbatches) +
                           " microbatches, the step has " + std::to_string(microbatches));
   } else {
-    s = build_schedule(configured, ranks, microbatches);
+    s = build_schedule(configured, ranks, microbatches, v);
   }
-  if (s.stages != s.ranks)
+  if (s.stages % s.ranks != 0)
     throw ScheduleError("pipeline schedule: \"" + s.name + "\" has " + std::to_string(s.stages) + " stages on " +
-                        std::to_string(s.ranks) + " ranks; the executor runs one stage per rank (virtual stages are "
-                        "verified, simulated and explained, not yet executed: docs/pipeline.md, \"Not done\")");
+                        std::to_string(s.ranks) + " ranks; the executor runs the same number of stages on every "
+                        "rank");
   const std::vector<int> owner = s.stage_ranks();
   for (int k = 0; k < s.stages; ++k)
-    if (owner[k] != k)
+    if (owner[k] != k % s.ranks)
       throw ScheduleError("pipeline schedule: \"" + s.name + "\" runs stage " + std::to_string(k) + " on rank " +
-                          std::to_string(owner[k]) + "; the executor runs stage s on mp rank s");
+                          std::to_string(owner[k]) + "; the executor runs stage k on mp rank k mod " +
+                          std::to_string(s.ranks));
   return s;
 }
 }  // namespace
@@ -911,13 +1035,21 @@ PipelineStep::PipelineStep(int microbatches, std::string fingerprint) {
   const int ranks = pipelined ? mp_size() : 1, me = pipelined ? mp_rank() : 0;
   // The whole schedule, verified on every rank before anything is sent: a
   // bad one raises the same ScheduleError everywhere (docs/pipeline.md).
-  const Schedule s = step_schedule(ranks, microbatches, pipelined ? config().pipeline : std::string("simple"));
+  const int v = pipelined && ranks > 1 ? config().virtual_pipeline_model_parallel_size : 1;
+  const Schedule s = step_schedule(ranks, microbatches, pipelined ? config().pipeline : std::string("simple"), v);
   verify(s);
   std::vector<Action> list = with_comms(s).actions[me];
+  // The step function runs at the forward of the model's call: of the
+  // rank's first stage, or of the model's last stage on the rank holding
+  // it (one and the same with one stage per rank; docs/pipeline.md).
+  const int call_stage = me == ranks - 1 ? s.stages - 1 : me;
   for (size_t i = 0; i < list.size(); ++i)
-    actions_.push_back(list[i].kind == ActionKind::kForward ? list[i].microbatch : -static_cast<int>(i) - 1);
+    actions_.push_back(list[i].kind == ActionKind::kForward && list[i].stage == call_stage
+                           ? list[i].microbatch
+                           : -static_cast<int>(i) - 1);
   g_step = new StepState{microbatches, std::move(fingerprint), nullptr};
   g_step->list = std::move(list);
+  g_step->chunks = s.stages / s.ranks;
   if (pipelined && size() > 1) {
     g_step->epoch = next_step_number();
     g_step->world = communicator(WORLD);
@@ -983,7 +1115,9 @@ void PipelineStep::fail(std::exception_ptr error) noexcept {
     abandon_in_flight(g_step->inflight);
     if (DistributedModel::Impl* m = g_step->model) {
       abandon(std::move(m->mbs));
+      abandon(std::move(m->parts));
       m->mbs.clear();
+      m->parts.clear();
       m->out_shapes.clear();
     }
   } catch (...) {
@@ -994,7 +1128,7 @@ void PipelineStep::after_forward(int mb, const std::vector<at::Tensor>& returned
   DistributedModel::Impl* m = g_step->model;
   if (!m) return;
   const auto& state = m->mbs[mb];
-  if (!state.forwarded)
+  if (!state.called)
     throw UsageError("smp::step: the step function called the DistributedModel in microbatch 0 but not in "
                      "microbatch " + std::to_string(mb));
   m->after_call(mb);

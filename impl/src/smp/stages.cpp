@@ -45,7 +45,8 @@ detail::LayerCall layer_call(const std::shared_ptr<torch::nn::Module>& m) {
 void add_layer_adapter(LayerAdapter adapter) { layer_adapters().push_back(std::move(adapter)); }
 
 Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const std::vector<int>& split_points,
-                         int stages) {
+                         int ranks, int v) {
+  const int stages = ranks * v;
   Stages m;
   // The layers and how to call them; a model the pipeline cannot run is an
   // error on every rank (agreed below with the layer counts).
@@ -83,13 +84,21 @@ Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const 
   const int n = static_cast<int>(m.children.size());
   // Every rank of the replica must have built the same number of layers.
   const auto counts = allgather(problem.empty() ? std::to_string(n) : "!" + problem, MP_GROUP);
-  for (int s = 0; s < stages; ++s)
+  for (int s = 0; s < ranks; ++s)
     if (!counts[s].empty() && counts[s][0] == '!')
       throw UsageError("smp::DistributedModel: on stage " + std::to_string(s) + ", " + counts[s].substr(1));
-  for (int s = 0; s < stages; ++s)
+  for (int s = 0; s < ranks; ++s)
     if (counts[s] != counts[0])
       throw UsageError("smp::DistributedModel: the stages built different models: stage 0 has " + counts[0] +
                        " layers, stage " + std::to_string(s) + " has " + counts[s]);
+  // Virtual stages: every rank holds v chunks of at least one layer, so
+  // the model needs ranks * v layers (the same verdict on every rank: the
+  // counts agree).
+  if (v > 1 && n < stages)
+    throw UsageError("smp::DistributedModel: virtual_pipeline_model_parallel_size " + std::to_string(v) + " on " +
+                     std::to_string(ranks) + " pipeline ranks needs " + std::to_string(stages) +
+                     " stages of at least one layer, and the model has " + std::to_string(n) +
+                     " layers: use a v with ranks * v <= " + std::to_string(n));
   if (split_points.empty()) {
     std::vector<int64_t> params;
     for (const auto& child : m.children) {

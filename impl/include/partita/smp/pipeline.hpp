@@ -18,8 +18,11 @@
 // layers (explicit split points, or balanced by parameter count); stage s
 // runs on mp rank s. smp::step runs this rank's list of a verified schedule
 // (partita/smp/schedule.hpp): "simple" (GPipe), "interleaved" (1F1B),
-// "zero_bubble" (ZB-H1) or one set with set_schedule; the step function is
-// called once per microbatch, at its forward, and the backward passes (full,
+// "zero_bubble" (ZB-H1), "interleaved_virtual" (Megatron's interleaved 1F1B:
+// the model in mp_size * v chunks, rank r holding r, r + mp_size, ...) or one
+// set with set_schedule; the step function is called once per microbatch,
+// at the forward of the model's call, and the other chunks' forwards (with
+// virtual stages), the backward passes (full,
 // or split into input and weight gradients) and the messages (activations
 // forward, gradients back, MPI_Isend / MPI_Mrecv on the mp group) run where
 // the list puts them. On every stage but the last, model(x)
@@ -61,8 +64,9 @@ struct PipelineError : Error {
 // schedule_from_csv) for the steps that follow; set it alike on every rank.
 // std::nullopt returns to Config::pipeline. Like the built-ins it is
 // verified at every step before the first message (ScheduleError on every
-// rank), and it must be for mp_size ranks, the step's microbatch count, one
-// stage per rank with stage s on mp rank s.
+// rank), and it must be for mp_size ranks, the step's microbatch count, as
+// many stages per rank as the model has chunks, stage k on mp rank k mod
+// mp_size.
 void set_schedule(std::optional<Schedule> s);
 const std::optional<Schedule>& user_schedule();
 
@@ -137,13 +141,20 @@ class DistributedModel {
   // from the gradient the next stage sends; their `loss` is only checked.
   void backward(const at::Tensor& loss);
 
-  int stage() const;
-  int stages() const;
+  int stage() const;   // mp_rank
+  int stages() const;  // mp_size
+  // Chunks per rank (Config::virtual_pipeline_model_parallel_size with the
+  // "interleaved_virtual" pipeline; 1 otherwise and at mp_size 1), and the
+  // model's stages this rank holds: stage(), stage() + stages(), ...
+  // (stages() * virtual_stages() in all; bounds() has every one's layers).
+  int virtual_stages() const;
+  std::vector<int> local_stages() const;
   int first_layer() const;
   int end_layer() const;
-  const std::vector<int>& bounds() const;  // every stage's bounds (stages + 1)
-  // This stage's parameters (for the optimizer), and with the Sequential's
-  // own names ("3.weight").
+  const std::vector<int>& bounds() const;  // every stage's bounds (stages * virtual_stages + 1)
+  // This rank's parameters, every chunk's (for the optimizer), and with the
+  // Sequential's own names ("3.weight"). first_layer() and end_layer() are
+  // the rank's first chunk's.
   std::vector<at::Tensor> parameters() const;
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
   const PipelineStats& stats() const;

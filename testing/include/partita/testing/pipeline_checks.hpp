@@ -20,10 +20,17 @@ namespace partita::testing {
 // out) or a stack of transformer-style blocks (Linear(in, width), then one
 // residual block x + Linear(GELU(Linear(LayerNorm(x)))) per hidden width
 // widths[1..n-2] with width widths[1], then Linear(width, out)).
+// `integer`: an MLP of Linear and ReLU with weights and biases drawn from
+// {-1, 0, 1}, and check_against_serial draws integer-valued x and y: every
+// value of the forward and backward is then exact in float64 (integers, or
+// integers over the powers of two that the mean and the microbatches divide
+// by, if the batch, the output width and the counts are powers of two), so
+// the pipeline must equal one process bit for bit (tolerance 0).
 struct ModelSpec {
   bool blocks = false;
   std::vector<int64_t> widths;
   uint64_t seed = 1;
+  bool integer = false;
 };
 
 // Float64, parameters drawn from `seed`: the same model on every rank.
