@@ -40,6 +40,7 @@
 #include "partita/smp/communicators.hpp"
 #include "partita/smp/message.hpp"
 #include "partita/smp/step.hpp"
+#include "split_backward.hpp"
 #include "stages.hpp"
 
 namespace partita::smp {
@@ -253,6 +254,9 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   std::vector<std::shared_ptr<torch::nn::Module>> children;  // every layer
   std::vector<detail::LayerCall> calls;                     // every layer's (the stand-in's probe)
   std::vector<std::vector<detail::LayerCall>> layers;       // this rank's, per chunk
+  // The same layers' Linear modules (null for another type): I and W split
+  // there (split_backward.hpp).
+  std::vector<std::vector<std::shared_ptr<torch::nn::LinearImpl>>> linears;
   std::vector<int> bounds;                                  // every stage's: stages * v + 1 numbers
   // This rank's place: mp rank `stage` of `stages`. With v chunks (virtual
   // stages, Megatron's interleaved schedule) it holds the model's stages
@@ -275,6 +279,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     at::Tensor grad_out;         // RECV_B: the gradient of `output` from the next stage
     at::Tensor grad_in;          // I or B: the gradient of `input`, for SEND_B
     int64_t bytes = 0;
+    bool split = false;          // the schedule runs I and W for it (not B)
+    std::shared_ptr<detail::WeightGradWork> work;  // split: what I leaves for W
   };
   // One microbatch: the step function's call (the model's call in it).
   struct Mb {
@@ -329,6 +335,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     const int n = st.microbatches;
     mbs.assign(n, Mb{});
     parts.assign(v, std::vector<Part>(n));
+    for (const Action& a : g_step->list)
+      if (a.kind == ActionKind::kBackwardInput) parts[chunk_of(a)][a.microbatch].split = true;
     training = false;
     first_called = -1;
     stats = PipelineStats{};
@@ -547,6 +555,9 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       if (!x.defined()) throw UsageError(where(c, mb) + ": the first stage's forward outside the model's call");
       m.x_shape = x.sizes().vec();
       h = x;
+      // Split: the input-gradient pass must reach the first layer's node to
+      // leave its dy for W, so x becomes a leaf that takes a gradient.
+      if (m.split && at::isFloatingType(x.scalar_type())) h = m.input = x.detach().requires_grad_(true);
     } else {
       if (!m.input.defined())
         throw UsageError(where(c, mb) + ": the forward runs before its activation was received (RECV_F)");
@@ -554,8 +565,14 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     }
     const auto t1 = Clock::now();
     int64_t bytes = 0;
-    for (auto& layer : layers[c]) {
-      h = layer(h);
+    for (size_t i = 0; i < layers[c].size(); ++i) {
+      const auto& linear = linears[c][i];
+      if (m.split && detail::can_split(linear.get(), h)) {
+        if (!m.work) m.work = std::make_shared<detail::WeightGradWork>();
+        h = detail::split_linear(*linear, h, m.work);
+      } else {
+        h = layers[c][i](h);
+      }
       bytes += h.numel() * static_cast<int64_t>(h.element_size());
     }
     stats.busy_seconds += seconds_since(t1);
@@ -687,6 +704,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     Part& m = parts[c][mb];
     m.done = true;
     m.input = m.output = m.grad_out = at::Tensor();
+    m.work.reset();
     if (c == call_chunk()) {
       mbs[mb].loss = mbs[mb].target_tensor = at::Tensor();
       mbs[mb].target.reset();
@@ -731,8 +749,11 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         if (!training) break;
         auto [out, grads] = backward_root(c, mb, "I");
         const auto t0 = Clock::now();
-        // Only the received activation's gradient; the graph stays for W.
-        if (!first_stage(c) && m.input.defined() && m.input.requires_grad() && out.requires_grad())
+        // Only the input's gradient (the received activation's; on the
+        // first stage, x's, made a leaf so that the pass reaches the first
+        // layer); Linear layers' nodes keep their dy for W, and the graph
+        // stays for W.
+        if (m.input.defined() && m.input.requires_grad() && out.requires_grad())
           torch::autograd::backward({out}, grads, /*retain_graph=*/true, /*create_graph=*/false, {m.input});
         keep_input_grad(c, m);
         stats.busy_seconds += seconds_since(t0);
@@ -744,10 +765,24 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         auto [out, grads] = backward_root(c, mb, "W");
         const auto t0 = Clock::now();
         // Only this stage's parameters' gradients (accumulated as a full
-        // backward accumulates them), then the graph goes.
-        const std::vector<at::Tensor> params = trainable(c);
-        if (!params.empty() && out.requires_grad())
+        // backward accumulates them), then the graph goes. The Linear
+        // layers' from what I left (dy, and x saved by the forward); the
+        // other layers' parameters by autograd restricted to them, which
+        // goes down the graph again (split_backward.hpp).
+        std::unordered_set<const c10::TensorImpl*> split_params;
+        if (m.work)
+          for (const auto& e : m.work->entries) {
+            split_params.insert(e.weight.unsafeGetTensorImpl());
+            if (e.bias.defined()) split_params.insert(e.bias.unsafeGetTensorImpl());
+          }
+        std::vector<at::Tensor> params;
+        for (auto& p : trainable(c))
+          if (!split_params.count(p.unsafeGetTensorImpl())) params.push_back(p);
+        if (!params.empty() && out.requires_grad()) {
           torch::autograd::backward({out}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+          ++stats.weight_autograd_passes;
+        }
+        if (m.work) stats.weight_gradients_split += detail::weight_gradients(*m.work);
         stats.busy_seconds += seconds_since(t0);
         release(c, mb);
         break;
@@ -904,8 +939,12 @@ DistributedModel::DistributedModel(std::shared_ptr<torch::nn::Module> model, std
   m.children = std::move(st.children);
   m.bounds = std::move(st.bounds);
   m.layers.resize(m.v);
+  m.linears.resize(m.v);
   for (int c = 0; c < m.v; ++c)
-    for (int i = m.bounds[m.global(c)]; i < m.bounds[m.global(c) + 1]; ++i) m.layers[c].push_back(st.calls[i]);
+    for (int i = m.bounds[m.global(c)]; i < m.bounds[m.global(c) + 1]; ++i) {
+      m.layers[c].push_back(st.calls[i]);
+      m.linears[c].push_back(std::dynamic_pointer_cast<torch::nn::LinearImpl>(m.children[i]));
+    }
   m.calls = std::move(st.calls);
   m.raw = communicator(MP_GROUP);
   m.comm = mpi::Communicator::wrap(m.raw);

@@ -83,6 +83,11 @@ struct PipelineStats {
                             // the previous stage to take the gradient sent back
   double step_seconds = 0;  // first action to last action of the schedule
   int forwards = 0, backwards = 0;
+  // Split backward (I and W, zero_bubble): weight and bias gradients that W
+  // computed from what I left (Linear layers), and W passes that ran
+  // autograd for the other layers' parameters.
+  int weight_gradients_split = 0;
+  int weight_autograd_passes = 0;
 };
 
 namespace detail {
