@@ -34,6 +34,7 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   if (a.defined() != b.defined()) return false;
   if (!a.defined()) return true;
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  if (a.numel() == 0) return true;  // (an empty tensor's data may be null: no memcmp on it)
   const at::Tensor ac = a.contiguous(), bc = b.contiguous();
   return std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.numel() * ac.element_size()) == 0;
 }

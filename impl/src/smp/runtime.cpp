@@ -52,6 +52,31 @@ void free_comm(MPI_Comm& c) {
 
 std::string where() { return "on world rank " + std::to_string(state().rank); }
 
+// smp's communicators are freed when MPI finalizes (issue 35 item 1: until
+// then the last init's three were still allocated at exit, and
+// LeakSanitizer reported MPICH's communicator objects made by
+// MPI_Comm_split in init). MPI_Finalize frees MPI_COMM_SELF first, calling
+// the delete callbacks of its attributes: the standard's hook for a
+// library's clean-up at finalize.
+int free_at_finalize(MPI_Comm, int, void*, void*) {
+  State& s = state();
+  free_comm(s.mp);
+  free_comm(s.dp);
+  free_comm(s.world);
+  s.initialized = false;
+  return MPI_SUCCESS;
+}
+
+void free_at_finalize_once() {
+  static bool registered = false;  // MPI is initialised once per process
+  if (registered) return;
+  int key = MPI_KEYVAL_INVALID;
+  PARTITA_MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, free_at_finalize, &key, nullptr));
+  PARTITA_MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr));
+  MPI_Comm_free_keyval(&key);  // the attribute keeps it until MPI_COMM_SELF is freed
+  registered = true;
+}
+
 // A deadline left these sends unmatched: take them back so that a later
 // recv_from cannot receive a message its sender gave up on.
 void cancel_sends(std::vector<MPI_Request>& requests) {
@@ -110,6 +135,7 @@ void init(const Config& config) {
                         ", rank " + std::to_string(r) + " has " + all[r].substr(3));
 
   State& s = state();
+  free_at_finalize_once();
   free_comm(s.mp);
   free_comm(s.dp);
   free_comm(s.world);

@@ -1,0 +1,584 @@
+// Bad inputs at every public entry point that takes user data (issue 35
+// item 4): one test per row of docs/bad-inputs.md. Each row tries one bad
+// input and asserts, on every rank:
+//
+//  - every rank involved raises the documented partita error class, whose
+//    message (or rule code) names what is wrong, within 5 s (timed here;
+//    a hang would also run into PARTITA_DEADLINE and fail);
+//  - ranks not involved (named in the row) are left alone;
+//  - then the next call on the same communicator, layer or object (a
+//    correct one) works and gives the right values;
+//  - the verdict is agreed by every rank (one rank's failure fails all).
+//
+// Many rows restate in this uniform form what a suite of its own tests in
+// more detail (docs/bad-inputs.md names them). ctest: 2 and 3 ranks.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include "partita/errors.hpp"
+#include "partita/mpi/communicator.hpp"
+#include "partita/mpi/partition.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/nn/all_gather.hpp"
+#include "partita/nn/all_sum_reduce.hpp"
+#include "partita/nn/broadcast.hpp"
+#include "partita/nn/halo_exchange.hpp"
+#include "partita/nn/linear.hpp"
+#include "partita/nn/repartition.hpp"
+#include "partita/nn/sum_reduce.hpp"
+#include "partita/smp.hpp"
+#include "partita/smp/communicators.hpp"
+#include "partita/smp/message.hpp"
+#include "partita/smp/pipeline.hpp"
+#include "partita/smp/schedule.hpp"
+#include "partita/smp/step.hpp"
+#include "partita/testing/case.hpp"
+#include "partita/testing/pipeline_checks.hpp"
+
+namespace partita::spec {
+namespace {
+
+constexpr double kLimit = 5.0;  // seconds: issue 35 item 4
+
+int n() { return mpi::world_size(); }
+int me() { return mpi::world_rank(); }
+bool agreed(bool local) { return mpi::all_true(local, mpi::world_comm()); }
+
+mpi::CartesianPartition cartesian(const Ranks& ranks, const Shape& shape) {
+  return mpi::Partition::world().create_partition_inclusive(ranks).create_cartesian_topology_partition(shape);
+}
+Ranks all_ranks() {
+  Ranks r;
+  for (int i = 0; i < n(); ++i) r.push_back(i);
+  return r;
+}
+
+std::string differs(const at::Tensor& got, const at::Tensor& want) {
+  if (got.sizes() == want.sizes() && got.scalar_type() == want.scalar_type() && at::equal(got, want)) return "";
+  std::ostringstream os;
+  os << "got " << got.sizes() << " " << got.scalar_type() << ", want " << want.sizes() << " " << want.scalar_type();
+  return os.str();
+}
+
+// One row. `bad` must raise E on this rank when `involved`, its what()
+// containing `needle` (or its rule code equal to it), within kLimit
+// seconds; then `next` (the next, correct call) must return "" on every
+// rank. Every rank takes part in both, so collective `bad` and `next` are
+// fine.
+template <typename E>
+void row(const std::string& needle, const std::function<void()>& bad, const std::function<std::string()>& next,
+         bool involved = true) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string got = "nothing was raised";
+  bool right = false;
+  try {
+    bad();
+  } catch (const E& e) {
+    got = e.what();
+    const auto* pe = dynamic_cast<const Error*>(&e);
+    right = got.find(needle) != std::string::npos || (pe && pe->rule() == needle);
+  } catch (const std::exception& e) {
+    got = std::string("another exception (") + typeid(e).name() + "): " + e.what();
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool ok_bad = !involved || (right && took < kLimit);
+  // What each rank involved saw (docs/bad-inputs.md quotes it).
+  if (involved)
+    std::printf("  rank %d saw (%.3f s): %s\n", me(), took, got.c_str());
+  if (involved) {
+    EXPECT_TRUE(right) << "rank " << me() << ": expected " << typeid(E).name() << " naming '" << needle
+                       << "', got: " << got;
+    EXPECT_LT(took, kLimit) << "rank " << me() << ": the error took " << took << " s";
+  }
+  std::string after;
+  try {
+    after = next();
+  } catch (const std::exception& e) {
+    after = std::string("raised: ") + e.what();
+  }
+  EXPECT_EQ(after, "") << "rank " << me() << ": the next call after the bad one failed";
+  EXPECT_TRUE(agreed(ok_bad && after.empty())) << "some rank failed this row (see its output)";
+}
+
+// The next call on the world communicator: a one-element allreduce.
+std::string world_still_works() {
+  return differs(mpi::Communicator::world().allreduce(at::ones({1}, at::kDouble), ReduceOp::kSum),
+                 at::full({1}, static_cast<double>(n()), at::kDouble));
+}
+
+// ---- case files (partita run, partita::testing::Case) ------------------------------------
+
+const char* kGoodCase =
+    R"({"primitive": "all_sum_reduce", "P_x": {"ranks": [0], "shape": [1]}, "axes": [0],
+        "global_shape": [3], "dtype": "float64"})";
+
+TEST(BadInput, CaseFileNotJson) {
+  row<CaseError>(
+      "case.json: not valid JSON", [] { testing::Case::parse(R"({"primitive": "broadcast", )", "case.json"); },
+      []() -> std::string { return testing::Case::parse(kGoodCase, "good.json").primitive == "all_sum_reduce" ? "" : "parsed wrong"; });
+}
+
+TEST(BadInput, CaseFileWrongField) {
+  row<CaseError>(
+      "field \"P_x.shape\"",
+      [] {
+        testing::Case::parse(R"({"primitive": "broadcast", "P_x": {"ranks": [0], "shape": "2"},
+                                 "P_y": {"ranks": [0], "shape": [1]}, "global_shape": [3]})",
+                             "case.json");
+      },
+      []() -> std::string { return testing::Case::parse(kGoodCase, "good.json").primitive == "all_sum_reduce" ? "" : "parsed wrong"; });
+}
+
+// ---- the smp configuration ------------------------------------------------------------
+
+smp::Config partitions(int p, int microbatches = 1) {
+  smp::Config c;
+  c.partitions = p;
+  c.microbatches = microbatches;
+  return c;
+}
+std::string smp_still_works() {
+  smp::init(partitions(1));
+  smp::barrier();
+  const auto all = smp::allgather<int64_t>(smp::rank(), smp::WORLD);
+  for (int i = 0; i < n(); ++i)
+    if (all[i] != i) return "allgather after init gave the wrong values";
+  return smp::dp_size() == n() ? "" : "dp_size wrong after init";
+}
+
+TEST(BadInput, SmpConfigJsonField) {
+  row<smp::ConfigError>(
+      "cfg: field \"microbatches\": expected a positive integer, got 0",
+      [] { smp::Config::from_json(R"({"microbatches": 0})", "cfg"); },
+      []() -> std::string { return smp::Config::from_json(R"({"microbatches": 2})", "cfg").microbatches == 2 ? "" : "wrong"; });
+}
+
+TEST(BadInput, SmpInitWorldNotDivisible) {
+  row<smp::ConfigError>("is not divisible into", [] { smp::init(partitions(n() + 1)); }, smp_still_works);
+}
+
+TEST(BadInput, SmpInitBadOnOneRank) {
+  row<smp::ConfigError>("smp::init: rank " + std::to_string(n() - 1) + ": ",
+                        [] { smp::init(partitions(1, me() == n() - 1 ? 0 : 1)); }, smp_still_works);
+}
+
+TEST(BadInput, SmpInitRanksDisagree) {
+  row<smp::ConfigError>("the ranks disagree about the configuration",
+                        [] { smp::init(partitions(1, me() == n() - 1 ? 2 : 1)); }, smp_still_works);
+}
+
+// ---- smp objects --------------------------------------------------------------------------
+
+TEST(BadInput, SmpRecvWrongType) {
+  smp::init(partitions(1));
+  // Rank 0 sends an int32; rank 1 asks for a double: only the receiver
+  // raises (the synchronous send was matched and returns).
+  row<smp::MessageError>(
+      "the message holds int (4 bytes), double (8 bytes) was asked for",
+      [] {
+        if (me() == 0) smp::send(int32_t{5}, 1, smp::WORLD_RANK);
+        if (me() == 1) smp::recv_from<double>(0, smp::WORLD_RANK);
+      },
+      []() -> std::string {
+        if (me() == 0) smp::send(2.5, 1, smp::WORLD_RANK);
+        if (me() == 1 && smp::recv_from<double>(0, smp::WORLD_RANK) != 2.5) return "received the wrong value";
+        return "";
+      },
+      me() == 1);
+}
+
+TEST(BadInput, SmpBroadcastUnencodable) {
+  smp::init(partitions(1));
+  // A sparse tensor cannot travel: the sender and every receiver raise.
+  row<smp::MessageError>(
+      "cannot send the tensor",
+      [] {
+        if (me() == 0) smp::broadcast(c10::IValue(at::eye(3, at::kDouble).to_sparse()), smp::WORLD);
+        else smp::recv_from(0, smp::WORLD_RANK);
+      },
+      []() -> std::string {
+        if (me() == 0) smp::broadcast(std::string("next"), smp::WORLD);
+        else if (smp::recv_from<std::string>(0, smp::WORLD_RANK) != "next") return "received the wrong value";
+        return "";
+      });
+}
+
+TEST(BadInput, SmpAllgatherMixedTypes) {
+  smp::init(partitions(1));
+  row<smp::MessageError>(
+      "wrong type requested",
+      [] {
+        if (me() == 0) smp::allgather(std::string("zero"), smp::WORLD);
+        else smp::allgather<int64_t>(me(), smp::WORLD);
+      },
+      []() -> std::string {
+        const auto all = smp::allgather<int64_t>(10 + me(), smp::WORLD);
+        for (int i = 0; i < n(); ++i)
+          if (all[i] != 10 + i) return "allgather gave the wrong values";
+        return "";
+      });
+}
+
+TEST(BadInput, SmpCorruptedBytes) {
+  smp::init(partitions(1));
+  std::string flipped = smp::message::encode_ivalue(c10::IValue(int64_t{3}));
+  flipped[flipped.size() / 2] ^= 0x10;
+  row<smp::MessageError>(
+      "corrupted: checksum mismatch",
+      [&] {
+        if (me() == 0) {
+          MPI_Request r;
+          MPI_Issend(flipped.data(), static_cast<int>(flipped.size()), MPI_BYTE, 1, smp::kObjectTag,
+                     smp::communicator(smp::WORLD), &r);
+          mpi::wait(r, "bad_inputs: raw send");
+        } else if (me() == 1) {
+          smp::recv_from(0, smp::WORLD_RANK);
+        }
+      },
+      []() -> std::string {
+        if (me() == 0) smp::send(c10::IValue(int64_t{4}), 1, smp::WORLD_RANK);
+        if (me() == 1 && smp::recv_from(0, smp::WORLD_RANK).toInt() != 4) return "received the wrong value";
+        return "";
+      },
+      me() == 1);
+}
+
+TEST(BadInput, SmpRankOutOfRange) {
+  smp::init(partitions(1));
+  row<smp::UsageError>(
+      "WORLD_RANK " + std::to_string(n()) + " does not exist",
+      [] { smp::send(c10::IValue(int64_t{1}), n(), smp::WORLD_RANK); }, smp_still_works);
+}
+
+// ---- partitions and layer constructors -----------------------------------------------------
+
+TEST(BadInput, PartitionShapeVolume) {
+  row<PartitionError>(
+      rule_code::kShapeVolume, [] { mpi::Partition::world().create_cartesian_topology_partition({n() + 1}); },
+      []() -> std::string {
+        nn::AllSumReduce all(mpi::Partition::world().create_cartesian_topology_partition({n()}), std::vector<int>{0});
+        return differs(all(at::ones({2}, at::kDouble)), at::full({2}, static_cast<double>(n()), at::kDouble));
+      });
+}
+
+TEST(BadInput, PartitionArgumentsDiffer) {
+  row<PartitionError>(
+      rule_code::kArgumentsDiffer, [] { mpi::Partition::world().create_partition_inclusive({me() == 0 ? 0 : 1}); },
+      []() -> std::string { return mpi::Partition::world().create_partition_inclusive({0}).active() == (me() == 0) ? "" : "wrong"; });
+}
+
+TEST(BadInput, BroadcastPartitionsBreakTheRules) {
+  // dim(P_x) > dim(P_y).
+  row<PartitionError>(
+      rule_code::kBroadcastDims, [] { nn::Broadcast(cartesian(all_ranks(), {n(), 1}), cartesian(all_ranks(), {n()})); },
+      world_still_works);
+}
+
+TEST(BadInput, HaloWidthsDiffer) {
+  const auto px = cartesian({0, 1}, {2});
+  row<PartitionError>(
+      "different ghost widths", [&] { nn::HaloExchange(px, Shape{me() == 1 ? 2 : 1}, Shape{1}); },
+      [&]() -> std::string {
+        nn::HaloExchange halo(px, Shape{1}, Shape{1});
+        const at::Tensor y = halo(px.active() ? at::full({4}, me() + 1.0, at::kDouble) : at::zeros({0}, at::kDouble));
+        // Each worker's ghost facing the other holds the other's bulk.
+        if (me() == 0) return differs(y.slice(0, 3, 4), at::full({1}, 2.0, at::kDouble));
+        if (me() == 1) return differs(y.slice(0, 0, 1), at::full({1}, 1.0, at::kDouble));
+        return y.numel() == 0 ? "" : "non-empty output outside P_x";
+      },
+      me() < 2);
+}
+
+TEST(BadInput, AllGatherAxisOutOfRange) {
+  const auto P = mpi::Partition::world().create_cartesian_topology_partition({n()});
+  row<PartitionError>(
+      "axis 3 outside", [&] { nn::AllGather(P, 3, 0); },
+      [&]() -> std::string {
+        nn::AllGather ag(P, 0, 0);
+        return differs(ag(at::full({1}, static_cast<double>(me()), at::kDouble)), at::arange(n(), at::kDouble));
+      });
+}
+
+TEST(BadInput, LinearPartitionsDoNotFit) {
+  // All-gather's P_y must be D x ... x 1 x M.
+  row<PartitionError>(
+      "D x ... x 1 x M", [] { nn::DistributedLinearAllGather(cartesian(all_ranks(), {1, n(), 1}), 4 * n(), n()); },
+      []() -> std::string {
+        nn::DistributedLinearAllGather ag(cartesian(all_ranks(), {1, 1, n()}), 4 * n(), n());
+        const at::Tensor y = ag(at::randn({2, 3, 4}));
+        return y.sizes() == at::IntArrayRef({2, 3, 1}) ? "" : "wrong output shape";
+      });
+}
+
+TEST(BadInput, LinearFeaturesDifferAcrossRanks) {
+  row<PartitionError>(
+      "different arguments",
+      [] { nn::DistributedLinearAllGather(cartesian(all_ranks(), {1, 1, n()}), 4 * n() + (me() == 1), n()); },
+      world_still_works);
+}
+
+// ---- layer calls ------------------------------------------------------------------------------
+
+TEST(BadInput, BroadcastDataOutsidePx) {
+  nn::Broadcast layer(cartesian({0}, {1}), mpi::Partition::world().create_cartesian_topology_partition({n()}));
+  row<ShapeError>(
+      rule_code::kOutsideNotEmpty, [&] { layer(at::ones({3}, at::kDouble)); },
+      [&]() -> std::string { return differs(layer(me() == 0 ? at::ones({3}, at::kDouble) : at::zeros({0}, at::kDouble)), at::ones({3}, at::kDouble)); });
+}
+
+TEST(BadInput, SumReduceShapesDiffer) {
+  nn::SumReduce layer(mpi::Partition::world().create_cartesian_topology_partition({n()}), cartesian({0}, {1}));
+  row<ShapeError>(
+      rule_code::kTeamShapes, [&] { layer(at::ones({2, 1 + me()}, at::kDouble)); },
+      [&]() -> std::string {
+        const at::Tensor y = layer(at::ones({2, 2}, at::kDouble));
+        return me() == 0 ? differs(y, at::full({2, 2}, static_cast<double>(n()), at::kDouble))
+                         : (y.numel() == 0 ? "" : "non-empty output outside P_y");
+      });
+}
+
+TEST(BadInput, AllSumReduceDtypesDiffer) {
+  nn::AllSumReduce all(mpi::Partition::world().create_cartesian_topology_partition({n()}), std::vector<int>{0});
+  row<ShapeError>(
+      rule_code::kDtypeMismatch, [&] { all(at::ones({4}, me() == 1 ? at::kFloat : at::kDouble)); },
+      [&]() -> std::string { return differs(all(at::ones({4}, at::kDouble)), at::full({4}, static_cast<double>(n()), at::kDouble)); });
+}
+
+TEST(BadInput, AllSumReduceUnsupportedDtype) {
+  nn::AllSumReduce all(mpi::Partition::world().create_cartesian_topology_partition({n()}), std::vector<int>{0});
+  row<ShapeError>(
+      rule_code::kDtypeUnsupported, [&] { all(at::zeros({4}, at::kBool)); },
+      [&]() -> std::string { return differs(all(at::ones({4}, at::kFloat)), at::full({4}, static_cast<float>(n()), at::kFloat)); });
+}
+
+TEST(BadInput, RepartitionPiecesDoNotTile) {
+  // One row slab over every rank: rank 1 claims another height.
+  const auto px = cartesian(all_ranks(), {1, n()});
+  nn::Repartition layer(px, cartesian({0}, {1, 1}));
+  row<ShapeError>(
+      rule_code::kTilingUneven, [&] { layer(at::ones({me() == 1 ? 3 : 2, 2}, at::kDouble)); },
+      [&]() -> std::string {
+        const at::Tensor y = layer(at::full({2, 2}, static_cast<double>(me()), at::kDouble));
+        if (me() != 0) return y.numel() == 0 ? std::string() : std::string("non-empty output outside P_y");
+        return differs(y, at::arange(n(), at::kDouble).repeat_interleave(2).expand({2, 2 * n()}).contiguous());
+      });
+}
+
+TEST(BadInput, HaloGhostWiderThanTheBulk) {
+  const auto px = cartesian({0, 1}, {2});
+  nn::HaloExchange halo(px, Shape{2}, Shape{2});
+  // Worker 0's bulk is 1 element: too narrow for worker 1's left ghost.
+  row<ShapeError>(
+      rule_code::kHaloGhostWider,
+      [&] { halo(px.active() ? at::ones({me() == 0 ? 5 : 6}, at::kDouble) : at::zeros({0}, at::kDouble)); },
+      [&]() -> std::string {
+        const at::Tensor y = halo(px.active() ? at::full({6}, me() + 1.0, at::kDouble) : at::zeros({0}, at::kDouble));
+        if (me() == 0) return differs(y.slice(0, 4, 6), at::full({2}, 2.0, at::kDouble));
+        if (me() == 1) return differs(y.slice(0, 0, 2), at::full({2}, 1.0, at::kDouble));
+        return y.numel() == 0 ? "" : "non-empty output outside P_x";
+      },
+      me() < 2);
+}
+
+TEST(BadInput, AllGatherMissingDimension) {
+  nn::AllGather ag(mpi::Partition::world().create_cartesian_topology_partition({n()}), 0, 2);
+  row<ShapeError>(
+      rule_code::kMissingDim, [&] { ag(at::ones({3}, at::kDouble)); },
+      [&]() -> std::string {
+        const at::Tensor y = ag(at::full({1, 1, 1}, static_cast<double>(me()), at::kDouble));
+        return differs(y, at::arange(n(), at::kDouble).reshape({1, 1, n()}));
+      });
+}
+
+TEST(BadInput, LinearInputFeatures) {
+  nn::DistributedLinearAllGather ag(cartesian(all_ranks(), {1, 1, n()}), 4 * n(), n());
+  row<ShapeError>(
+      "should have 4 features", [&] { ag(at::randn({2, 3, me() == 1 ? 5 : 4})); },
+      [&]() -> std::string { return ag(at::randn({2, 3, 4})).sizes() == at::IntArrayRef({2, 3, 1}) ? "" : "wrong output shape"; });
+}
+
+TEST(BadInput, LinearInputDtype) {
+  nn::DistributedLinearAllGather ag(cartesian(all_ranks(), {1, 1, n()}), 4 * n(), n());
+  row<ShapeError>(
+      rule_code::kLinearInput, [&] { ag(at::randn({2, 3, 4}, at::kDouble)); },
+      [&]() -> std::string { return ag(at::randn({2, 3, 4})).sizes() == at::IntArrayRef({2, 3, 1}) ? "" : "wrong output shape"; });
+}
+
+TEST(BadInput, HaloMessageAboveTheCountLimit) {
+  // Ghost rows of 2^31 + 1 bytes: an expanded (zero-stride) tensor asks for
+  // them without allocating; both neighbours raise before posting.
+  const auto px = cartesian({0, 1}, {2, 1});
+  nn::HaloExchange halo(px, Shape{1, 0}, Shape{1, 0});
+  const int64_t N = int64_t{INT_MAX} + 2;
+  row<ShapeError>(
+      rule_code::kCountOverflow,
+      [&] { halo(px.active() ? at::zeros({1, 1}, at::kByte).expand({3, N}) : at::zeros({0}, at::kByte)); },
+      [&]() -> std::string {
+        const at::Tensor y = halo(px.active() ? at::full({3, 2}, me() + 1.0, at::kDouble) : at::zeros({0}, at::kDouble));
+        if (me() == 0) return differs(y.slice(0, 2, 3), at::full({1, 2}, 2.0, at::kDouble));
+        if (me() == 1) return differs(y.slice(0, 0, 1), at::full({1, 2}, 1.0, at::kDouble));
+        return y.numel() == 0 ? "" : "non-empty output outside P_x";
+      },
+      me() < 2);
+}
+
+// ---- the differentiable communicator ----------------------------------------------------------
+
+mpi::Communicator comm() { return mpi::Communicator::world(); }
+std::string comm_still_works() {
+  return differs(comm().allreduce(at::ones({2}, at::kDouble), ReduceOp::kSum),
+                 at::full({2}, static_cast<double>(n()), at::kDouble));
+}
+
+TEST(BadInput, CommAllreduceShapesDiffer) {
+  row<ShapeError>(
+      "passes a tensor of shape", [] { comm().allreduce(at::ones({2 + me()}, at::kDouble), ReduceOp::kSum); },
+      comm_still_works);
+}
+
+TEST(BadInput, CommAllreduceDtypesDiffer) {
+  row<ShapeError>(
+      "passes dtype", [] { comm().allreduce(at::ones({2}, me() == 1 ? at::kFloat : at::kDouble), ReduceOp::kSum); },
+      comm_still_works);
+}
+
+TEST(BadInput, CommBcastRootsDiffer) {
+  row<ShapeError>("other roots", [] { comm().bcast_(at::ones({2}, at::kDouble), me() == 1 ? 0 : 1); },
+                  comm_still_works);
+}
+
+TEST(BadInput, CommReduceRootOutOfRangeOnOneRank) {
+  row<ShapeError>(
+      "root 99 is out of range", [] { comm().reduce_(at::ones({2}, at::kDouble), ReduceOp::kSum, me() == 1 ? 99 : 0); },
+      comm_still_works);
+}
+
+TEST(BadInput, CommGatherShapesDiffer) {
+  row<ShapeError>(
+      "may differ only along axis 0", [] { comm().gather(at::ones({1, 2 + me()}, at::kDouble), 0, 0); },
+      comm_still_works);
+}
+
+TEST(BadInput, CommAllgatherAxisOnOneRank) {
+  row<ShapeError>(
+      "axis 1 is out of range",
+      [] { comm().allgather(at::ones(me() == 1 ? Shape{3} : Shape{3, 1}, at::kDouble), 1); }, comm_still_works);
+}
+
+TEST(BadInput, CommScatterCountsDoNotAddUp) {
+  row<ShapeError>(
+      "add up to", [] { comm().scatter(at::ones({n(), 2}, at::kDouble), 0, me() == 1 ? 2 : 1, 0); },
+      comm_still_works);
+}
+
+TEST(BadInput, CommAlltoallCountsDoNotAddUp) {
+  row<ShapeError>(
+      "add up to", [] { comm().alltoall(at::ones({2, n()}, at::kDouble), 0, 1, me() == 0 ? 2 : 1); },
+      comm_still_works);
+}
+
+TEST(BadInput, CommPeerOutOfRange) {
+  row<ShapeError>(
+      "dest " + std::to_string(n()) + " is out of range", [] { comm().isend(at::ones({2}, at::kDouble), n(), 0); },
+      comm_still_works);
+}
+
+// ---- schedules and pipelines -----------------------------------------------------------------
+
+TEST(BadInput, ScheduleCsvMalformed) {
+  row<smp::ScheduleError>(
+      "CSV row 0 (rank 0), column 1", [] { smp::schedule_from_csv("0F0,0X1\n"); },
+      []() -> std::string {
+        smp::verify(smp::schedule_from_csv("0F0,0B0\n", 1));
+        return "";
+      });
+}
+
+TEST(BadInput, ScheduleDeadlocks) {
+  // A send without its receive.
+  row<smp::ScheduleError>(
+      "a send without its receive",
+      [] { smp::verify(smp::schedule_from_csv("0F0,0SEND_F0,0SEND_F0\n1RECV_F0,1F0,1B0\n")); },
+      []() -> std::string {
+        smp::verify(smp::with_comms(smp::build_schedule("1f1b", 2, 4)));
+        return "";
+      });
+}
+
+testing::ModelSpec small_mlp() { return {false, {4, 6, 6, 3}, 3}; }  // 5 layers
+
+std::string pipeline_still_trains(smp::DistributedModel& model) {
+  auto train = testing::mse_step(model, 2);
+  const at::Tensor x = torch::randn({4, 4}, torch::kDouble), y = torch::randn({4, 3}, torch::kDouble);
+  const double loss = train(x, y).reduce_mean().item<double>();
+  return loss > 0 ? "" : "the next step gave no loss";
+}
+
+TEST(BadInput, PipelineSplitPointsBad) {
+  smp::Config c = partitions(2);
+  c.pipeline = "interleaved";
+  if (n() % 2 != 0) c.partitions = 1;
+  smp::init(c);
+  if (smp::mp_size() < 2) GTEST_SKIP() << "needs an even world (2 stages), running at " << n();
+  row<smp::UsageError>(
+      "split points must increase", [] { smp::DistributedModel m(testing::build_model(small_mlp()), {0}); },
+      []() -> std::string {
+        smp::DistributedModel m(testing::build_model(small_mlp()), {2});
+        return pipeline_still_trains(m);
+      });
+}
+
+TEST(BadInput, PipelineFewerLayersThanStages) {
+  smp::init(partitions(n()));
+  row<smp::UsageError>(
+      "has 1 layers, fewer than the " + std::to_string(n()) + " pipeline stages",
+      [] { smp::DistributedModel m(torch::nn::Sequential(torch::nn::Linear(3, 3))); },
+      [] {
+        smp::DistributedModel m(testing::build_model({false, {4, 6, 6, 6, 6, 3}, 3}));
+        return pipeline_still_trains(m);
+      });
+}
+
+TEST(BadInput, PipelineBatchesDiffer) {
+  smp::Config c = partitions(n());
+  c.pipeline = "simple";
+  smp::init(c);
+  torch::manual_seed(7);
+  smp::DistributedModel model(testing::build_model({false, {4, 6, 6, 6, 6, 3}, 3}));
+  auto train = testing::mse_step(model, 2);
+  // The last stage's data loader gives it a batch of 6, the others 4.
+  const int64_t b = smp::mp_rank() == n() - 1 ? 6 : 4;
+  row<smp::UsageError>(
+      "mismatched microbatch shapes",
+      [&] { train(torch::randn({b, 4}, torch::kDouble), torch::randn({b, 3}, torch::kDouble)); },
+      [&]() -> std::string { return pipeline_still_trains(model); });
+}
+
+TEST(BadInput, PipelineUserScheduleWrongShape) {
+  smp::init(partitions(n()));
+  torch::manual_seed(7);
+  smp::DistributedModel model(testing::build_model({false, {4, 6, 6, 6, 6, 3}, 3}));
+  // A schedule for 2 microbatches given a step of 4.
+  smp::set_schedule(smp::with_comms(smp::build_schedule("gpipe", n(), 2)));
+  auto train = testing::mse_step(model, 4);
+  row<smp::ScheduleError>(
+      "\"gpipe\" is for 2 microbatches, the step has 4",
+      [&] { train(torch::randn({4, 4}, torch::kDouble), torch::randn({4, 3}, torch::kDouble)); },
+      [&]() -> std::string {
+        smp::set_schedule(std::nullopt);
+        return pipeline_still_trains(model);
+      });
+  smp::set_schedule(std::nullopt);
+}
+
+}  // namespace
+}  // namespace partita::spec
