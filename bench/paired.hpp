@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -82,15 +83,18 @@ inline double median(std::vector<double> v) {
 // The benchmark's time is partita's; counters: mpi_us and partita_us
 // (medians over the iterations) and ratio = partita_us / mpi_us.
 // `prepare`, when given, runs before each of partita's calls, untimed (e.g.
-// to make the input an in-place call consumes).
+// to make the input an in-place call consumes). `peer`, when given, is a
+// third library's call on the same bytes (LibTorch's c10d Gloo collectives,
+// bench/gloo_peer.hpp), timed in the same loop with the three in rotating
+// order, on at most 100 of its iterations; its median is the counter peer_us.
 struct NoPrepare {
   void operator()() const {}
 };
 template <typename Ours, typename Raw, typename Prepare = NoPrepare>
 void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw,
-            Prepare&& prepare = {}) {
-  std::vector<double> t_ours, t_raw;
-  bool raw_first = true;
+            Prepare&& prepare = {}, const std::function<void()>& peer = {}) {
+  std::vector<double> t_ours, t_raw, t_peer;
+  long iteration = 0;
   long faults = 0, calls = 0;  // minor page faults in partita's calls
   auto ours = [&] {
     const auto t0 = std::chrono::steady_clock::now();
@@ -114,25 +118,36 @@ void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw,
   };
   reset_peak_rss();
   const double rss_before = vm_status_mib("VmRSS:");
+  // The peer is timed on at most kPeerSamples iterations spread evenly over
+  // the loop: the iteration count follows partita's time, and LibTorch's
+  // Gloo collectives take up to hundreds of times as long at small sizes.
+  constexpr long kPeerSamples = 100;
+  const long stride = std::max<long>(1, static_cast<long>(state.max_iterations) / kPeerSamples);
   for (auto _ : state) {
-    double a, b;
-    if (raw_first) {
-      a = once(raw);
-      b = timed_ours();
-    } else {
-      b = timed_ours();
-      a = once(raw);
+    double a = 0, b = 0, c = 0;
+    const bool peer_now = peer && iteration % stride == 0;
+    const int turns = peer_now ? 3 : 2;
+    const long turn = peer_now ? iteration / stride : iteration;
+    // raw, ours[, peer] in turn: each goes first once every `turns` times.
+    for (int k = 0; k < turns; ++k) {
+      switch ((turn + k) % turns) {
+        case 0: a = once(raw); break;
+        case 1: b = timed_ours(); break;
+        default: c = once(peer); break;
+      }
     }
-    raw_first = !raw_first;
+    ++iteration;
     state.SetIterationTime(b);
     t_ours.push_back(b);
     t_raw.push_back(a);
+    if (peer_now) t_peer.push_back(c);
   }
   state.SetBytesProcessed(state.iterations() * bytes);
   const double m_ours = median(t_ours) * 1e6, m_raw = median(t_raw) * 1e6;
   state.counters["partita_us"] = m_ours;
   state.counters["mpi_us"] = m_raw;
   state.counters["ratio"] = m_raw > 0 ? m_ours / m_raw : 0;
+  if (peer) state.counters["peer_us"] = median(t_peer) * 1e6;
   state.counters["ranks"] = world_size();
   // Page faults per call (the most of any rank): fresh output storage shows
   // here, whatever the machine's load (docs/mpi-runtime.md, buffer cache).

@@ -40,6 +40,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "gloo_peer.hpp"
 #include "paired.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/all_gather.hpp"
@@ -56,6 +57,7 @@ using partita::mpi::world_comm;
 using partita::mpi::world_rank;
 using partita::mpi::world_size;
 using partita::bench::once;
+using partita::bench::NoPrepare;
 using partita::bench::paired;
 using partita::bench::adjoint_alone;
 
@@ -89,6 +91,20 @@ int mpi_n(const at::Tensor& t) { return static_cast<int>(t.numel()); }
 at::Tensor data(int64_t n, bool grad) { return torch::randn({n}).requires_grad_(grad); }
 at::Tensor empty(bool grad) { return torch::zeros({0}).requires_grad_(grad); }
 
+// LibTorch's c10d Gloo collective as the third line where Gloo was found.
+template <typename Call>
+std::function<void()> gloo_peer(Call&& call) {
+  if (!partita::bench::gloo_available()) return {};
+  return std::forward<Call>(call);
+}
+// The peers' descriptions for the JSON context ("peer:<benchmark>").
+const std::map<std::string, std::string> kGlooPeers = {
+    {"broadcast_fwd", "broadcast from rank 0"},
+    {"sum_reduce_fwd", "reduce (sum) to rank 0"},
+    {"all_sum_reduce_fwd", "allreduce (sum)"},
+    {"all_gather_fwd", "allgather"},
+};
+
 // Forward then backward of `layer` on x with cotangent dy; the gradient is
 // dropped each time so it is not accumulated across iterations.
 template <typename Layer>
@@ -102,9 +118,10 @@ void fwdbwd(Layer& layer, const at::Tensor& x, const at::Tensor& dy) {
 void broadcast_fwd(benchmark::State& s) {
   auto& L = layers();
   const at::Tensor x = world_rank() == 0 ? data(count(s), false) : empty(false);
-  at::Tensor buf = data(count(s), false);
+  at::Tensor buf = data(count(s), false), peer = data(count(s), false);
   paired(s, s.range(0), [&] { benchmark::DoNotOptimize(L.bcast(x)); },
-         [&] { MPI_Bcast(buf.data_ptr(), mpi_n(buf), MPI_FLOAT, 0, world_comm()); });
+         [&] { MPI_Bcast(buf.data_ptr(), mpi_n(buf), MPI_FLOAT, 0, world_comm()); }, NoPrepare{},
+         gloo_peer([&] { partita::bench::gloo_broadcast(peer, 0); }));
 }
 void broadcast_fwdbwd(benchmark::State& s) {
   auto& L = layers();
@@ -121,10 +138,11 @@ void broadcast_fwdbwd(benchmark::State& s) {
 void sum_reduce_fwd(benchmark::State& s) {
   auto& L = layers();
   const at::Tensor x = data(count(s), false);
-  at::Tensor buf = data(count(s), false), out = data(count(s), false);
-  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(L.reduce(x)); }, [&] {
-    MPI_Reduce(buf.data_ptr(), out.data_ptr(), mpi_n(buf), MPI_FLOAT, MPI_SUM, 0, world_comm());
-  });
+  at::Tensor buf = data(count(s), false), out = data(count(s), false), peer = data(count(s), false);
+  paired(
+      s, s.range(0), [&] { benchmark::DoNotOptimize(L.reduce(x)); },
+      [&] { MPI_Reduce(buf.data_ptr(), out.data_ptr(), mpi_n(buf), MPI_FLOAT, MPI_SUM, 0, world_comm()); },
+      NoPrepare{}, gloo_peer([&] { partita::bench::gloo_reduce(peer, 0); }));
 }
 void sum_reduce_fwdbwd(benchmark::State& s) {
   auto& L = layers();
@@ -143,10 +161,11 @@ void sum_reduce_fwdbwd(benchmark::State& s) {
 void all_sum_reduce_fwd(benchmark::State& s) {
   auto& L = layers();
   const at::Tensor x = data(count(s), false);
-  at::Tensor buf = data(count(s), false), out = data(count(s), false);
-  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(L.allreduce(x)); }, [&] {
-    MPI_Allreduce(buf.data_ptr(), out.data_ptr(), mpi_n(buf), MPI_FLOAT, MPI_SUM, world_comm());
-  });
+  at::Tensor buf = data(count(s), false), out = data(count(s), false), peer = data(count(s), false);
+  paired(
+      s, s.range(0), [&] { benchmark::DoNotOptimize(L.allreduce(x)); },
+      [&] { MPI_Allreduce(buf.data_ptr(), out.data_ptr(), mpi_n(buf), MPI_FLOAT, MPI_SUM, world_comm()); },
+      NoPrepare{}, gloo_peer([&] { partita::bench::gloo_allreduce(peer); }));
 }
 void all_sum_reduce_fwdbwd(benchmark::State& s) {
   auto& L = layers();
@@ -166,11 +185,15 @@ void all_gather_fwd(benchmark::State& s) {
   auto& L = layers();
   const int64_t piece = count(s) / world_size();
   const at::Tensor x = data(piece, false);
-  at::Tensor out = data(piece * world_size(), false);
-  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(L.allgather(x)); }, [&] {
-    MPI_Allgather(x.data_ptr(), mpi_n(x), MPI_FLOAT, out.data_ptr(), mpi_n(x), MPI_FLOAT,
-                  world_comm());
-  });
+  at::Tensor out = data(piece * world_size(), false), in = x.clone();
+  std::vector<at::Tensor> pieces;
+  for (int r = 0; r < world_size(); ++r) pieces.push_back(data(piece, false));
+  paired(
+      s, s.range(0), [&] { benchmark::DoNotOptimize(L.allgather(x)); },
+      [&] {
+        MPI_Allgather(x.data_ptr(), mpi_n(x), MPI_FLOAT, out.data_ptr(), mpi_n(x), MPI_FLOAT, world_comm());
+      },
+      NoPrepare{}, gloo_peer([&] { partita::bench::gloo_allgather(pieces, in); }));
 }
 void reduce_scatter_fwd(benchmark::State& s) {
   auto& L = layers();
@@ -549,6 +572,9 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("libtorch", TORCH_VERSION);
   benchmark::AddCustomContext("ranks", std::to_string(world_size()));
   for (const auto& [name, twin] : twins()) benchmark::AddCustomContext("twin:" + name, twin);
+  if (partita::bench::gloo_available())
+    for (const auto& [name, call] : kGlooPeers)
+      benchmark::AddCustomContext("peer:" + name, partita::bench::gloo_description(call));
   for (const auto& [name, twin] : partita::bench::communicator_twins())
     benchmark::AddCustomContext("twin:" + name, twin);
   for (const auto& [name, twin] : partita::bench::linear_twins())

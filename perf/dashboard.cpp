@@ -34,6 +34,7 @@ std::vector<std::string> verify_dashboard_dom(const std::string& dom, const std:
     for (const auto& b : runs.back().benchmarks) {
       expected["time|partita|" + b.key()] = b.time_us.summary.median;
       expected["time|mpi|" + b.key()] = b.mpi_time_us.summary.median;
+      if (!b.peer.empty()) expected["time|peer|" + b.key()] = b.peer_time_us.summary.median;
     }
   }
   for (size_t i = 0; i < runs.size(); ++i)

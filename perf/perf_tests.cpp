@@ -176,6 +176,27 @@ TEST(Results, RoundTripAndGoogleBenchmarkInput) {
   other.ranks = 4;
   EXPECT_THROW(twice.absorb(other), Error);
 
+  // A peer library's line (LibTorch's c10d Gloo): its context entry names it,
+  // each repetition carries peer_us, and the result keeps both through JSON.
+  auto with_peer = json::parse(json::dump(doc));
+  with_peer["context"]["peer:all_sum_reduce_fwd"] = "c10d::ProcessGroupGloo allreduce (sum)";
+  const double peer_us[] = {300, 100, 200};
+  for (int i = 0; i < 3; ++i) with_peer["benchmarks"][i]["peer_us"] = peer_us[i];
+  const auto peered = from_google_benchmark(with_peer, 2).at(0);
+  EXPECT_EQ(peered.peer, "c10d::ProcessGroupGloo allreduce (sum)");
+  EXPECT_EQ(peered.peer_time_us.samples, (std::vector<double>{300, 100, 200}));
+  EXPECT_EQ(peered.peer_time_us.summary.median, 200);
+  RunT pr;
+  pr.benchmarks.push_back(peered);
+  const RunT pback = run_from_json(json::parse(json::dump(to_json(pr))));
+  EXPECT_EQ(pback.benchmarks.at(0).peer, peered.peer);
+  EXPECT_EQ(pback.benchmarks.at(0).peer_time_us.samples, peered.peer_time_us.samples);
+  EXPECT_TRUE(back.benchmarks[0].peer.empty()) << "a run without a peer reads back without one";
+  EXPECT_FALSE(to_json(r)["benchmarks"][0].contains("peer_time_us"));
+  // Named in the context but missing from a repetition: an error, not a 0.
+  with_peer["benchmarks"][1].erase("peer_us");
+  EXPECT_THROW(from_google_benchmark(with_peer, 2), Error);
+
   // Google Benchmark writes non-finite aggregates bare.
   const auto odd = json::parse_benchmark(
       R"({"a": NaN, "b": -nan, "c": inf, "d": -Infinity, "e": 1, "f": "nan inf", "g": "q\"NaN"})");
@@ -202,6 +223,7 @@ std::string dom_of(const std::vector<RunT>& runs, bool drop_one, double off_by) 
   for (const auto& b : runs.back().benchmarks) {
     circle("time", "partita", b.key(), b.time_us.summary.median + off_by);
     circle("time", "mpi", b.key(), b.mpi_time_us.summary.median);
+    if (!b.peer.empty()) circle("time", "peer", b.key(), b.peer_time_us.summary.median);
   }
   for (size_t i = 0; i < runs.size(); ++i)
     for (size_t j = 0; j < runs[i].benchmarks.size(); ++j)
@@ -228,6 +250,15 @@ TEST(Dashboard, CheckFindsMissingAndWrongPoints) {
   EXPECT_EQ(verify_dashboard_dom(dom_of(runs, true, 0), runs).size(), 1u);
   EXPECT_EQ(verify_dashboard_dom(dom_of(runs, false, 1), runs).size(), 1u);
   EXPECT_FALSE(verify_dashboard_dom("<html></html>", runs).empty());
+  // With a peer line in the latest run, its point is required too.
+  std::vector<RunT> peered = runs;
+  peered.back().benchmarks[0].peer = "c10d::ProcessGroupGloo allreduce (sum)";
+  peered.back().benchmarks[0].peer_time_us = {{40}, summarize({40})};
+  EXPECT_TRUE(verify_dashboard_dom(dom_of(peered, false, 0), peered).empty());
+  const auto without_peer_point = verify_dashboard_dom(dom_of(runs, false, 0), peered);
+  ASSERT_EQ(without_peer_point.size(), 1u);
+  EXPECT_NE(without_peer_point[0].find("missing point time|peer|p_fwd/4096@2"), std::string::npos)
+      << without_peer_point[0];
   // The generated page embeds the data and no template marker.
   const std::string html = dashboard_html(runs);
   EXPECT_EQ(html.find("/*PARTITA_RUNS*/"), std::string::npos);

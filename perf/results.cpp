@@ -50,7 +50,8 @@ void BenchResult::absorb(const BenchResult& o) {
   for (auto [mine, theirs] : {std::pair<Metric*, const Metric*>{&time_us, &o.time_us},
                               {&mpi_time_us, &o.mpi_time_us},
                               {&ratio, &o.ratio},
-                              {&bytes_per_second, &o.bytes_per_second}}) {
+                              {&bytes_per_second, &o.bytes_per_second},
+                              {&peer_time_us, &o.peer_time_us}}) {
     mine->samples.insert(mine->samples.end(), theirs->samples.begin(), theirs->samples.end());
     mine->summary = summarize(mine->samples);
   }
@@ -102,12 +103,19 @@ std::vector<BenchResult> from_google_benchmark(const json::Value& doc, int ranks
     r.ranks = ranks;
     const std::string twin_key = "twin:" + r.primitive;
     r.twin = context.contains(twin_key) ? context.at(twin_key).get<std::string>() : "";
-    std::vector<double> t, m, q, bps;
+    const std::string peer_key = "peer:" + r.primitive;
+    r.peer = context.contains(peer_key) ? context.at(peer_key).get<std::string>() : "";
+    std::vector<double> t, m, q, bps, peer;
     for (const json::Value* b : reps[name]) {
       const double us = counter(*b, "partita_us");
       t.push_back(us);
       m.push_back(counter(*b, "mpi_us"));
       q.push_back(counter(*b, "ratio"));
+      if (!r.peer.empty()) {
+        if (!b->contains("peer_us"))
+          throw Error("benchmark " + name + " has a peer (" + r.peer + ") but no peer_us counter");
+        peer.push_back(counter(*b, "peer_us"));
+      }
       bps.push_back(us > 0 ? static_cast<double>(r.bytes) / (us * 1e-6) : 0);
       r.peak_rss_mib = std::max(r.peak_rss_mib, counter(*b, "peak_rss_mib"));
       r.peak_rss_mib_min_rank = std::max(r.peak_rss_mib_min_rank, counter(*b, "peak_rss_mib_min_rank"));
@@ -117,6 +125,7 @@ std::vector<BenchResult> from_google_benchmark(const json::Value& doc, int ranks
     r.mpi_time_us = metric(m);
     r.ratio = metric(q);
     r.bytes_per_second = metric(bps);
+    if (!r.peer.empty()) r.peer_time_us = metric(peer);
     out.push_back(std::move(r));
   }
   return out;
@@ -141,6 +150,10 @@ json::Value to_json(const Run& run) {
     e["mpi_time_us"] = metric_json(b.mpi_time_us);
     e["ratio"] = metric_json(b.ratio);
     e["bytes_per_second"] = metric_json(b.bytes_per_second);
+    if (!b.peer.empty()) {  // absent in runs without a peer (and in every run before issue 34)
+      e["peer"] = b.peer;
+      e["peer_time_us"] = metric_json(b.peer_time_us);
+    }
     e["peak_rss_mib"] = b.peak_rss_mib;
     e["peak_rss_mib_min_rank"] = b.peak_rss_mib_min_rank;
     e["rss_growth_mib"] = b.rss_growth_mib;
@@ -169,6 +182,10 @@ Run run_from_json(const json::Value& v) {
     b.mpi_time_us = metric_from(e["mpi_time_us"]);
     b.ratio = metric_from(e["ratio"]);
     b.bytes_per_second = metric_from(e["bytes_per_second"]);
+    if (e.contains("peer")) {
+      b.peer = e.at("peer").get<std::string>();
+      b.peer_time_us = metric_from(e.at("peer_time_us"));
+    }
     b.peak_rss_mib = json::to_double(e.at("peak_rss_mib"));
     b.peak_rss_mib_min_rank = json::to_double(e.at("peak_rss_mib_min_rank"));
     b.rss_growth_mib = json::to_double(e.at("rss_growth_mib"));

@@ -1,6 +1,7 @@
 // One benchmark run as partita records it (docs/performance.md): the
 // commit, date and machine, and per benchmark and rank count the
 // repetitions of partita's time per call, its raw-MPI twin's, their ratio,
+// a peer library's time where there is one,
 // bytes/s and peak resident memory. Read from Google Benchmark's JSON
 // output of bench_primitives; written and read as partita-perf/1 JSON.
 #pragma once
@@ -25,6 +26,10 @@ struct BenchResult {
   int ranks = 0;
   std::string twin;  // the raw-MPI twin's description
   Metric time_us, mpi_time_us, ratio, bytes_per_second;
+  // A third library's call on the same bytes in the same loop (LibTorch's
+  // c10d Gloo collectives); `peer` is empty where the benchmark has none.
+  std::string peer;
+  Metric peer_time_us;
   // Over the repetitions: the largest peak resident memory of any rank,
   // of the rank with the smallest peak, and the largest growth over what
   // the rank held before the benchmark (MiB).
