@@ -232,7 +232,7 @@ TEST(SmpConfig, BadJsonNamesTheField) {
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"ddp": 1})", "cfg"); }),
                   "cfg: field \"ddp\": expected a boolean, got 1");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"partition": 2})", "cfg"); }),
-                  "cfg: field \"partition\": unknown (expected partitions, microbatches, pipeline, ddp, virtual_pipeline_model_parallel_size)");
+                  "cfg: field \"partition\": unknown (expected partitions, tensor_parallel_degree, microbatches, pipeline, ddp, virtual_pipeline_model_parallel_size)");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"partitions": 2)", "cfg"); }),
                   "cfg: not valid JSON");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json("[2]", "cfg"); }), "cfg: expected an object");

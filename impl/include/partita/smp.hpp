@@ -56,16 +56,19 @@ struct UsageError : Error {
 };
 
 // What a launcher passes (SageMaker's "mp_parameters"). JSON form:
-//   {"partitions": 2, "microbatches": 4, "pipeline": "interleaved", "ddp": true}
+//   {"partitions": 2, "tensor_parallel_degree": 2, "microbatches": 4,
+//    "pipeline": "interleaved", "ddp": true}
 // (and "virtual_pipeline_model_parallel_size": V with "interleaved_virtual")
 // every field optional, no others allowed.
 struct Config {
-  int partitions = 1;                   // model-parallel degree: mp_size
+  int partitions = 1;                   // pipeline stages per replica: pp_size
+  int tensor_parallel_degree = 1;       // ranks per stage: tp_size (SageMaker's key);
+                                        // mp_size = partitions x tensor_parallel_degree
   int microbatches = 1;                 // pieces smp::step splits a batch into
   std::string pipeline = "interleaved";  // "interleaved" (1F1B), "simple" (GPipe), "zero_bubble" (ZB-H1) or
                                         // "interleaved_virtual" (Megatron's interleaved 1F1B)
-  bool ddp = true;                      // data parallelism: dp_size = world / partitions;
-                                        // off: the world must be exactly `partitions`
+  bool ddp = true;                      // data parallelism: dp_size = world / mp_size;
+                                        // off: the world must be exactly mp_size
   // Megatron-LM's name: model chunks (virtual stages) per pipeline rank,
   // more than 1 only with "interleaved_virtual" (docs/pipeline.md).
   int virtual_pipeline_model_parallel_size = 1;
@@ -80,6 +83,7 @@ struct Config {
   // Throws ConfigError unless this configuration can run on `world_size`
   // processes.
   void validate(int world_size) const;
+  int mp_size() const;  // partitions x tensor_parallel_degree
 };
 
 inline constexpr const char* kConfigVariable = "PARTITA_SMP_CONFIG";
@@ -102,10 +106,16 @@ int mp_rank();
 int mp_size();
 int dp_rank();
 int dp_size();
+int tp_rank();  // position in this stage's tensor-parallel group
+int tp_size();  // tensor_parallel_degree
+int pp_rank();  // this rank's pipeline stage
+int pp_size();  // partitions
 int local_rank();  // among the processes on this node (MPI shared-memory split)
 int local_size();
 std::vector<int> get_mp_group();  // world ranks of this rank's mp group, in mp-rank order
 std::vector<int> get_dp_group();  // world ranks of this rank's dp group, in dp-rank order
+std::vector<int> get_tp_group();  // world ranks of this rank's tp group, in tp-rank order
+std::vector<int> get_pp_group();  // world ranks of this rank's pp group, in stage order
 
 // --- object communication ---------------------------------------------------
 
@@ -124,6 +134,8 @@ std::vector<c10::IValue> allgather(const c10::IValue& obj, CommGroup group);
 void barrier(CommGroup group = CommGroup::WORLD);
 void mp_barrier();
 void dp_barrier();
+void tp_barrier();
+void pp_barrier();
 
 // Typed overloads: trivially copyable values (bytes as they are, identified
 // by type name and size: sender and receiver must be the same build) and

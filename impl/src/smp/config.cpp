@@ -32,6 +32,8 @@ const char* name(CommGroup group) {
     case CommGroup::WORLD: return "WORLD";
     case CommGroup::MP_GROUP: return "MP_GROUP";
     case CommGroup::DP_GROUP: return "DP_GROUP";
+    case CommGroup::TP_GROUP: return "TP_GROUP";
+    case CommGroup::PP_GROUP: return "PP_GROUP";
   }
   return "an unknown CommGroup";
 }
@@ -41,6 +43,8 @@ const char* name(RankType type) {
     case RankType::WORLD_RANK: return "WORLD_RANK";
     case RankType::MP_RANK: return "MP_RANK";
     case RankType::DP_RANK: return "DP_RANK";
+    case RankType::TP_RANK: return "TP_RANK";
+    case RankType::PP_RANK: return "PP_RANK";
   }
   return "an unknown RankType";
 }
@@ -53,7 +57,8 @@ Config Config::from_json(const std::string& text, const std::string& source) {
     throw ConfigError(e.what());
   }
   if (!doc.is_object())
-    throw ConfigError(source + ": expected an object {\"partitions\": N, \"microbatches\": M, "
+    throw ConfigError(source + ": expected an object {\"partitions\": N, \"tensor_parallel_degree\": T, "
+                               "\"microbatches\": M, "
                                "\"pipeline\": \"interleaved\"|\"simple\"|\"zero_bubble\"|\"interleaved_virtual\", \"ddp\": true|false, "
                                "\"virtual_pipeline_model_parallel_size\": V}, got " +
                       json::dump(doc));
@@ -61,6 +66,8 @@ Config Config::from_json(const std::string& text, const std::string& source) {
   for (const auto& [key, v] : doc.items()) {
     if (key == "partitions") {
       c.partitions = positive(source, "partitions", v);
+    } else if (key == "tensor_parallel_degree") {
+      c.tensor_parallel_degree = positive(source, "tensor_parallel_degree", v);
     } else if (key == "microbatches") {
       c.microbatches = positive(source, "microbatches", v);
     } else if (key == "pipeline") {
@@ -76,7 +83,7 @@ Config Config::from_json(const std::string& text, const std::string& source) {
       c.ddp = v.get<bool>();
     } else {
       throw ConfigError(source + ": field \"" + key +
-                        "\": unknown (expected partitions, microbatches, pipeline, ddp, "
+                        "\": unknown (expected partitions, tensor_parallel_degree, microbatches, pipeline, ddp, "
                         "virtual_pipeline_model_parallel_size)");
     }
   }
@@ -100,6 +107,9 @@ Config Config::from_environment() {
 std::string Config::to_json() const {
   json::Value doc;
   doc["partitions"] = partitions;
+  // Only when set: a configuration without tensor parallelism reads as it
+  // did before the field existed.
+  if (tensor_parallel_degree != 1) doc["tensor_parallel_degree"] = tensor_parallel_degree;
   doc["microbatches"] = microbatches;
   doc["pipeline"] = pipeline;
   doc["ddp"] = ddp;
@@ -111,6 +121,7 @@ std::string Config::to_json() const {
 void Config::validate(int world_size) const {
   const std::string what = "smp configuration " + to_json() + " on " + std::to_string(world_size) + " processes: ";
   if (partitions < 1) throw ConfigError(what + "partitions must be at least 1");
+  if (tensor_parallel_degree < 1) throw ConfigError(what + "tensor_parallel_degree must be at least 1");
   if (microbatches < 1) throw ConfigError(what + "microbatches must be at least 1");
   bool known = false;
   for (const char* p : kPipelines) known = known || pipeline == p;
@@ -123,18 +134,41 @@ void Config::validate(int world_size) const {
     throw ConfigError(what + "virtual_pipeline_model_parallel_size " +
                       std::to_string(virtual_pipeline_model_parallel_size) + " needs the pipeline \"interleaved_virtual\" (the "
                       "only schedule with virtual stages), not \"" + pipeline + "\"");
-  if (world_size % partitions != 0)
-    throw ConfigError(what + "the world of " + std::to_string(world_size) + " processes is not divisible into " +
-                      std::to_string(partitions) + " partitions");
-  if (!ddp && world_size != partitions)
-    throw ConfigError(what + "with ddp off the world must be exactly the " + std::to_string(partitions) +
-                      " partitions (dp_size " + std::to_string(world_size / partitions) + " needs ddp on)");
+  if (tensor_parallel_degree == 1) {
+    if (world_size % partitions != 0)
+      throw ConfigError(what + "the world of " + std::to_string(world_size) + " processes is not divisible into " +
+                        std::to_string(partitions) + " partitions");
+    if (!ddp && world_size != partitions)
+      throw ConfigError(what + "with ddp off the world must be exactly the " + std::to_string(partitions) +
+                        " partitions (dp_size " + std::to_string(world_size / partitions) + " needs ddp on)");
+    return;
+  }
+  const long long mp = static_cast<long long>(partitions) * tensor_parallel_degree;
+  const std::string replica = std::to_string(partitions) + " partitions x tensor_parallel_degree " +
+                              std::to_string(tensor_parallel_degree) + " = " + std::to_string(mp) + " processes";
+  if (world_size % mp != 0)
+    throw ConfigError(what + "the world of " + std::to_string(world_size) +
+                      " processes is not divisible into model replicas of " + replica);
+  if (!ddp && world_size != mp)
+    throw ConfigError(what + "with ddp off the world must be exactly one model replica of " + replica + " (dp_size " +
+                      std::to_string(world_size / mp) + " needs ddp on)");
 }
+
+int Config::mp_size() const { return partitions * tensor_parallel_degree; }
 
 Layout::Layout(int size, int mp_size) : size_(size), mp_size_(mp_size) {
   if (size < 1 || mp_size < 1 || size % mp_size != 0)
     throw ConfigError("smp layout: " + std::to_string(size) + " processes cannot hold model replicas of " +
                       std::to_string(mp_size) + " partitions");
+}
+
+Layout::Layout(int size, int pp_size, int tp_size) : size_(size), mp_size_(0), tp_size_(tp_size) {
+  const long long mp = static_cast<long long>(pp_size) * tp_size;
+  if (size < 1 || pp_size < 1 || tp_size < 1 || mp > size || size % mp != 0)
+    throw ConfigError("smp layout: " + std::to_string(size) + " processes cannot hold model replicas of " +
+                      std::to_string(pp_size) + " pipeline stages x " + std::to_string(tp_size) +
+                      " tensor-parallel ranks");
+  mp_size_ = static_cast<int>(mp);
 }
 
 RankPlace Layout::place(int rank) const {
@@ -144,25 +178,35 @@ RankPlace Layout::place(int rank) const {
   p.rank = rank;
   p.mp_rank = rank % mp_size_;
   p.dp_rank = rank / mp_size_;
+  p.tp_rank = p.mp_rank % tp_size_;
+  p.pp_rank = p.mp_rank / tp_size_;
   p.mp_group = members(rank, CommGroup::MP_GROUP);
   p.dp_group = members(rank, CommGroup::DP_GROUP);
+  p.tp_group = members(rank, CommGroup::TP_GROUP);
+  p.pp_group = members(rank, CommGroup::PP_GROUP);
   return p;
 }
 
 int Layout::world_rank(int from, int rank, RankType type) const {
   const int mp_rank = from % mp_size_, dp_rank = from / mp_size_;
+  const int tp_rank = mp_rank % tp_size_, pp_rank = mp_rank / tp_size_;
   auto check = [&](int n) {
-    if (rank < 0 || rank >= n)
-      throw UsageError("smp: " + std::string(name(type)) + " " + std::to_string(rank) + " does not exist (" +
-                       (type == RankType::WORLD_RANK ? "the world has " : type == RankType::MP_RANK
-                                                                              ? "the mp group has "
-                                                                              : "the dp group has ") +
+    if (rank < 0 || rank >= n) {
+      const char* in = type == RankType::WORLD_RANK ? "the world has "
+                       : type == RankType::MP_RANK  ? "the mp group has "
+                       : type == RankType::DP_RANK  ? "the dp group has "
+                       : type == RankType::TP_RANK  ? "the tp group has "
+                                                    : "the pp group has ";
+      throw UsageError("smp: " + std::string(name(type)) + " " + std::to_string(rank) + " does not exist (" + in +
                        std::to_string(n) + " ranks)");
+    }
   };
   switch (type) {
     case RankType::WORLD_RANK: check(size_); return rank;
     case RankType::MP_RANK: check(mp_size_); return dp_rank * mp_size_ + rank;
     case RankType::DP_RANK: check(dp_size()); return rank * mp_size_ + mp_rank;
+    case RankType::TP_RANK: check(tp_size_); return dp_rank * mp_size_ + pp_rank * tp_size_ + rank;
+    case RankType::PP_RANK: check(pp_size()); return dp_rank * mp_size_ + rank * tp_size_ + tp_rank;
   }
   throw UsageError("smp: unknown RankType " + std::to_string(static_cast<int>(type)));
 }
@@ -179,6 +223,12 @@ std::vector<int> Layout::members(int from, CommGroup group) const {
     case CommGroup::DP_GROUP:
       for (int i = 0; i < dp_size(); ++i) out.push_back(i * mp_size_ + from % mp_size_);
       return out;
+    case CommGroup::TP_GROUP:
+      for (int i = 0; i < tp_size_; ++i) out.push_back(from / tp_size_ * tp_size_ + i);
+      return out;
+    case CommGroup::PP_GROUP:
+      for (int i = 0; i < pp_size(); ++i) out.push_back(from / mp_size_ * mp_size_ + i * tp_size_ + from % tp_size_);
+      return out;
   }
   throw UsageError("smp: unknown CommGroup " + std::to_string(static_cast<int>(group)));
 }
@@ -192,6 +242,19 @@ std::vector<std::vector<int>> Layout::mp_groups() const {
 std::vector<std::vector<int>> Layout::dp_groups() const {
   std::vector<std::vector<int>> out;
   for (int m = 0; m < mp_size_; ++m) out.push_back(members(m, CommGroup::DP_GROUP));
+  return out;
+}
+
+std::vector<std::vector<int>> Layout::tp_groups() const {
+  std::vector<std::vector<int>> out;
+  for (int r = 0; r < size_; r += tp_size_) out.push_back(members(r, CommGroup::TP_GROUP));
+  return out;
+}
+
+std::vector<std::vector<int>> Layout::pp_groups() const {
+  std::vector<std::vector<int>> out;
+  for (int d = 0; d < dp_size(); ++d)
+    for (int t = 0; t < tp_size_; ++t) out.push_back(members(d * mp_size_ + t, CommGroup::PP_GROUP));
   return out;
 }
 

@@ -134,7 +134,7 @@ void post_bytes(std::string bytes, MPI_Datatype type, int count_divisor, int des
 }
 
 std::string who() {
-  return "stage " + std::to_string(mp_rank()) + " of " + std::to_string(mp_size()) + ", world rank " +
+  return "stage " + std::to_string(pp_rank()) + " of " + std::to_string(pp_size()) + ", world rank " +
          std::to_string(rank());
 }
 
@@ -258,11 +258,13 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   // there (split_backward.hpp).
   std::vector<std::vector<std::shared_ptr<torch::nn::LinearImpl>>> linears;
   std::vector<int> bounds;                                  // every stage's: stages * v + 1 numbers
-  // This rank's place: mp rank `stage` of `stages`. With v chunks (virtual
+  // This rank's place: pp rank `stage` of `stages` (docs/3d.md; mp rank
+  // without tensor parallelism). With v chunks (virtual
   // stages, Megatron's interleaved schedule) it holds the model's stages
   // stage, stage + stages, ..., stage + (v - 1) stages; chunk c is the c-th.
   int stage = 0, stages = 1, v = 1;
-  mpi::Communicator comm;  // the mp group
+  bool distributed = false;  // this rank's chunks hold partita's distributed layers (docs/3d.md)
+  mpi::Communicator comm;  // the pp group
   MPI_Comm raw = MPI_COMM_NULL;
   // The output's dtype and shape for a model input of a given dtype and
   // shape (the stand-in on stages before the last).
@@ -781,6 +783,14 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         if (!params.empty() && out.requires_grad()) {
           torch::autograd::backward({out}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
           ++stats.weight_autograd_passes;
+        } else if (distributed && out.requires_grad() && trainable(c).empty()) {
+          // A data-parallel copy of partita's distributed layers holds no
+          // parameters, but their adjoints still send its share of the
+          // gradients to the copy that stores them (docs/3d.md): run the
+          // rest of the graph. The received activation's gradient was
+          // taken by I; a fresh one is accumulated and dropped.
+          if (m.input.defined()) m.input.mutable_grad() = at::Tensor();
+          torch::autograd::backward({out}, grads, /*retain_graph=*/false, /*create_graph=*/false);
         }
         if (m.work) stats.weight_gradients_split += detail::weight_gradients(*m.work);
         stats.busy_seconds += seconds_since(t0);
@@ -808,9 +818,15 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   void all_reduce_gradients() {
     const int dp = dp_size();
     if (dp == 1) return;
+    // Not the parameters of partita's distributed layers: they live on some
+    // replicas only, and the layers sum their gradients themselves.
     std::vector<at::Tensor> local;
+    // Not the parameters of partita's distributed layers: they live on some
+    // replicas only, and the layers sum their gradients themselves.
     for (int c = 0; c < v; ++c)
-      for (auto& p : trainable(c)) local.push_back(p);
+      for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
+        for (auto& p : detail::replicated_parameters(children[i]))
+          if (p.requires_grad()) local.push_back(p);
     std::map<at::ScalarType, std::vector<at::Tensor>> groups;
     for (auto& p : local) groups[p.scalar_type()].push_back(p);
     for (auto& [type, params] : groups) {
@@ -930,8 +946,10 @@ DistributedModel::DistributedModel(std::shared_ptr<torch::nn::Module> model, std
   Impl& m = *impl_;
   if (!model) throw UsageError("smp::DistributedModel: the model is a null module");
   m.root = model;
-  m.stage = mp_rank();
-  m.stages = mp_size();
+  // Stage s runs on pp rank s: the peer in the pipeline group with this
+  // rank's tp and dp index (docs/3d.md); with tp_size 1, mp rank s.
+  m.stage = pp_rank();
+  m.stages = pp_size();
   // One rank holds the whole model: nothing to interleave (docs/pipeline.md).
   m.v = m.stages > 1 ? config().virtual_pipeline_model_parallel_size : 1;
   detail::Stages st = detail::split_into_stages(model, split_points, m.stages, m.v);
@@ -944,9 +962,10 @@ DistributedModel::DistributedModel(std::shared_ptr<torch::nn::Module> model, std
     for (int i = m.bounds[m.global(c)]; i < m.bounds[m.global(c) + 1]; ++i) {
       m.layers[c].push_back(st.calls[i]);
       m.linears[c].push_back(std::dynamic_pointer_cast<torch::nn::LinearImpl>(m.children[i]));
+      m.distributed = m.distributed || detail::holds_distributed_layers(m.children[i]);
     }
   m.calls = std::move(st.calls);
-  m.raw = communicator(MP_GROUP);
+  m.raw = communicator(PP_GROUP);
   m.comm = mpi::Communicator::wrap(m.raw);
 }
 
@@ -1028,7 +1047,7 @@ std::optional<Schedule>& g_user_schedule() {
 
 // The schedule of a step of `microbatches` on `ranks` pipeline ranks: the
 // user's (set_schedule) or the configuration's (with v stages per rank).
-// What this executor runs: stage k on mp rank k mod ranks (Megatron's
+// What this executor runs: stage k on pp rank k mod ranks (Megatron's
 // placement of virtual stages; stage s on rank s when there is one per rank).
 Schedule step_schedule(int ranks, int microbatches, const std::string& configured, int v) {
   const auto& user = g_user_schedule();
@@ -1037,7 +1056,7 @@ Schedule step_schedule(int ranks, int microbatches, const std::string& configure
     s = *user;
     if (s.ranks != ranks)
       throw ScheduleError("pipeline schedule: \"" + s.name + "\" is for " + std::to_string(s.ranks) +
-                          " ranks, the pipeline has " + std::to_string(ranks) + " (mp_size)");
+                          " ranks, the pipeline has " + std::to_string(ranks) + " (pp_size)");
     if (s.microbatches != microbatches)
       throw ScheduleError("pipeline schedule: \"" + s.name + "\" is for " + std::to_string(s.microbatches) +
                           " microbatches, the step has " + std::to_string(microbatches));
@@ -1052,7 +1071,7 @@ Schedule step_schedule(int ranks, int microbatches, const std::string& configure
   for (int k = 0; k < s.stages; ++k)
     if (owner[k] != k % s.ranks)
       throw ScheduleError("pipeline schedule: \"" + s.name + "\" runs stage " + std::to_string(k) + " on rank " +
-                          std::to_string(owner[k]) + "; the executor runs stage k on mp rank k mod " +
+                          std::to_string(owner[k]) + "; the executor runs stage k on pp rank k mod " +
                           std::to_string(s.ranks));
   return s;
 }
@@ -1071,7 +1090,7 @@ std::string describe(const at::Tensor& t) {
 PipelineStep::PipelineStep(int microbatches, std::string fingerprint) {
   if (g_step) throw UsageError("smp::step: a step cannot run inside another step");
   const bool pipelined = initialized();
-  const int ranks = pipelined ? mp_size() : 1, me = pipelined ? mp_rank() : 0;
+  const int ranks = pipelined ? pp_size() : 1, me = pipelined ? pp_rank() : 0;
   // The whole schedule, verified on every rank before anything is sent: a
   // bad one raises the same ScheduleError everywhere (docs/pipeline.md).
   const int v = pipelined && ranks > 1 ? config().virtual_pipeline_model_parallel_size : 1;

@@ -29,7 +29,7 @@ struct State {
   Config config;
   std::unique_ptr<Layout> layout;
   int rank = 0, size = 1, local_rank = 0, local_size = 1;
-  MPI_Comm world = MPI_COMM_NULL, mp = MPI_COMM_NULL, dp = MPI_COMM_NULL;
+  MPI_Comm world = MPI_COMM_NULL, mp = MPI_COMM_NULL, dp = MPI_COMM_NULL, tp = MPI_COMM_NULL, pp = MPI_COMM_NULL;
   long steps = 0;  // next_step_number()
 };
 
@@ -138,10 +138,12 @@ void init(const Config& config) {
   free_at_finalize_once();
   free_comm(s.mp);
   free_comm(s.dp);
+  free_comm(s.tp);
+  free_comm(s.pp);
   free_comm(s.world);
   s.initialized = false;
   s.config = config;
-  s.layout = std::make_unique<Layout>(size, config.partitions);
+  s.layout = std::make_unique<Layout>(size, config.partitions, config.tensor_parallel_degree);
   s.rank = rank;
   s.size = size;
   // Communicator creation blocks inside MPICH (no yielding variant of
@@ -153,6 +155,17 @@ void init(const Config& config) {
   const RankPlace p = s.layout->place(rank);
   PARTITA_MPI_CHECK(MPI_Comm_split(s.world, p.dp_rank, p.mp_rank, &s.mp));
   PARTITA_MPI_CHECK(MPI_Comm_split(s.world, p.mp_rank, p.dp_rank, &s.dp));
+  // tp and pp groups: with tp_size 1 they are the rank alone and the mp
+  // group; duplicated then (MPI_Comm_idup yields) rather than split.
+  if (s.layout->tp_size() == 1) {
+    PARTITA_MPI_CHECK(MPI_Comm_idup(MPI_COMM_SELF, &s.tp, &req));
+    mpi::wait(req, "smp::init (the tp group)");
+    PARTITA_MPI_CHECK(MPI_Comm_idup(s.mp, &s.pp, &req));
+    mpi::wait(req, "smp::init (the pp group)");
+  } else {
+    PARTITA_MPI_CHECK(MPI_Comm_split(s.world, rank / s.layout->tp_size(), p.tp_rank, &s.tp));
+    PARTITA_MPI_CHECK(MPI_Comm_split(s.world, p.dp_rank * s.layout->tp_size() + p.tp_rank, p.pp_rank, &s.pp));
+  }
   MPI_Comm local = MPI_COMM_NULL;
   PARTITA_MPI_CHECK(MPI_Comm_split_type(s.world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
   MPI_Comm_rank(local, &s.local_rank);
@@ -160,6 +173,8 @@ void init(const Config& config) {
   MPI_Comm_free(&local);
   MPI_Comm_set_errhandler(s.mp, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(s.dp, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(s.tp, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(s.pp, MPI_ERRORS_RETURN);
   PARTITA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &s.steps, 1, MPI_LONG, MPI_MAX, s.world, &req));
   mpi::wait(req, "smp::init (agreeing on the pipeline's step number)");
   s.initialized = true;
@@ -204,10 +219,16 @@ int mp_rank() { return ready("mp_rank").rank % state().layout->mp_size(); }
 int mp_size() { return ready("mp_size").layout->mp_size(); }
 int dp_rank() { return ready("dp_rank").rank / state().layout->mp_size(); }
 int dp_size() { return ready("dp_size").layout->dp_size(); }
+int tp_rank() { return ready("tp_rank").rank % state().layout->tp_size(); }
+int tp_size() { return ready("tp_size").layout->tp_size(); }
+int pp_rank() { return ready("pp_rank").rank % state().layout->mp_size() / state().layout->tp_size(); }
+int pp_size() { return ready("pp_size").layout->pp_size(); }
 int local_rank() { return ready("local_rank").local_rank; }
 int local_size() { return ready("local_size").local_size; }
 std::vector<int> get_mp_group() { return ready("get_mp_group").layout->members(state().rank, CommGroup::MP_GROUP); }
 std::vector<int> get_dp_group() { return ready("get_dp_group").layout->members(state().rank, CommGroup::DP_GROUP); }
+std::vector<int> get_tp_group() { return ready("get_tp_group").layout->members(state().rank, CommGroup::TP_GROUP); }
+std::vector<int> get_pp_group() { return ready("get_pp_group").layout->members(state().rank, CommGroup::PP_GROUP); }
 
 MPI_Comm communicator(CommGroup group) {
   const State& s = ready("communicator");
@@ -215,6 +236,8 @@ MPI_Comm communicator(CommGroup group) {
     case CommGroup::WORLD: return s.world;
     case CommGroup::MP_GROUP: return s.mp;
     case CommGroup::DP_GROUP: return s.dp;
+    case CommGroup::TP_GROUP: return s.tp;
+    case CommGroup::PP_GROUP: return s.pp;
   }
   throw UsageError("smp::communicator: unknown CommGroup " + std::to_string(static_cast<int>(group)));
 }
@@ -230,6 +253,8 @@ void barrier(CommGroup group) {
 }
 void mp_barrier() { barrier(CommGroup::MP_GROUP); }
 void dp_barrier() { barrier(CommGroup::DP_GROUP); }
+void tp_barrier() { barrier(CommGroup::TP_GROUP); }
+void pp_barrier() { barrier(CommGroup::PP_GROUP); }
 
 namespace detail {
 

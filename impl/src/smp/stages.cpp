@@ -6,6 +6,12 @@
 
 #include <torch/torch.h>
 
+#include <set>
+
+#include "partita/mpi/poll.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/nn/linear.hpp"
+#include "partita/smp/communicators.hpp"
 #include "partita/smp/schedule.hpp"
 
 namespace partita::smp::detail {
@@ -43,6 +49,23 @@ detail::LayerCall layer_call(const std::shared_ptr<torch::nn::Module>& m) {
 }  // namespace
 
 void add_layer_adapter(LayerAdapter adapter) { layer_adapters().push_back(std::move(adapter)); }
+
+bool holds_distributed_layers(const std::shared_ptr<torch::nn::Module>& m) {
+  for (const auto& sub : m->modules(/*include_self=*/true))
+    if (std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub)) return true;
+  return false;
+}
+
+std::vector<at::Tensor> replicated_parameters(const std::shared_ptr<torch::nn::Module>& m) {
+  std::set<const void*> skip;
+  for (const auto& sub : m->modules(/*include_self=*/true))
+    if (std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub))
+      for (const auto& p : sub->parameters()) skip.insert(p.unsafeGetTensorImpl());
+  std::vector<at::Tensor> out;
+  for (const auto& p : m->parameters())
+    if (!skip.count(p.unsafeGetTensorImpl())) out.push_back(p);
+  return out;
+}
 
 Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const std::vector<int>& split_points,
                          int ranks, int v) {
@@ -82,8 +105,8 @@ Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const 
                 "move them into a child";
   }
   const int n = static_cast<int>(m.children.size());
-  // Every rank of the replica must have built the same number of layers.
-  const auto counts = allgather(problem.empty() ? std::to_string(n) : "!" + problem, MP_GROUP);
+  // Every stage of the pipeline must have built the same number of layers.
+  const auto counts = allgather(problem.empty() ? std::to_string(n) : "!" + problem, PP_GROUP);
   for (int s = 0; s < ranks; ++s)
     if (!counts[s].empty() && counts[s][0] == '!')
       throw UsageError("smp::DistributedModel: on stage " + std::to_string(s) + ", " + counts[s].substr(1));
@@ -101,10 +124,22 @@ Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const 
                      " layers: use a v with ranks * v <= " + std::to_string(n));
   if (split_points.empty()) {
     std::vector<int64_t> params;
+    bool distributed = false;
     for (const auto& child : m.children) {
       int64_t c = 0;
       for (const auto& p : child->parameters()) c += p.numel();
       params.push_back(c);
+      distributed = distributed || holds_distributed_layers(child);
+    }
+    // partita's distributed layers hold different blocks (or none) on
+    // different ranks: every rank balances by the world's sum of the counts,
+    // so that every replica and tp rank splits the model alike. (Every rank
+    // builds the same model, so all take this branch or none.)
+    if (distributed && !params.empty()) {
+      MPI_Request req;
+      PARTITA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, params.data(), static_cast<int>(params.size()), MPI_INT64_T,
+                                       MPI_SUM, communicator(WORLD), &req));
+      mpi::wait(req, "smp::DistributedModel (the layers' parameter counts over the world)");
     }
     m.bounds = balance_by_parameters(params, stages);
   } else {

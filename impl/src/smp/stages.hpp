@@ -29,4 +29,14 @@ struct Stages {
 Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const std::vector<int>& split_points,
                          int ranks, int v = 1);
 
+// Whether `m` is or holds one of partita's distributed layers
+// (partita::nn::DistributedLinearBase): their parameters live on some of
+// the layer's workers only, and the layer itself sums their gradients over
+// its partition's data-parallel axis (docs/3d.md).
+bool holds_distributed_layers(const std::shared_ptr<torch::nn::Module>& m);
+// The parameters of `m` that every data-parallel replica holds whole: all
+// but those of partita's distributed layers. The pipeline averages these
+// over the dp group after a step.
+std::vector<at::Tensor> replicated_parameters(const std::shared_ptr<torch::nn::Module>& m);
+
 }  // namespace partita::smp::detail

@@ -9,7 +9,8 @@
 namespace partita::smp {
 
 // WORLD: smp's own duplicate of MPI_COMM_WORLD (its ranks are world ranks);
-// MP_GROUP / DP_GROUP: this rank's group, ranks in group-rank order.
+// MP_GROUP / DP_GROUP / TP_GROUP / PP_GROUP: this rank's group, ranks in
+// group-rank order.
 // Throws UsageError before init.
 MPI_Comm communicator(CommGroup group);
 

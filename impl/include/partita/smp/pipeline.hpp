@@ -14,9 +14,10 @@
 //   opt.step(); opt.zero_grad();
 //
 // The model's layers (a Sequential's children, or any module's ordered
-// children, docs/pipeline.md) are split into mp_size stages of consecutive
+// children, docs/pipeline.md) are split into pp_size stages of consecutive
 // layers (explicit split points, or balanced by parameter count); stage s
-// runs on mp rank s. smp::step runs this rank's list of a verified schedule
+// runs on pp rank s, the peer in this rank's pp group (mp rank s without
+// tensor parallelism; docs/3d.md). smp::step runs this rank's list of a verified schedule
 // (partita/smp/schedule.hpp): "simple" (GPipe), "interleaved" (1F1B),
 // "zero_bubble" (ZB-H1), "interleaved_virtual" (Megatron's interleaved 1F1B:
 // the model in mp_size * v chunks, rank r holding r, r + mp_size, ...) or one
@@ -24,12 +25,14 @@
 // at the forward of the model's call, and the other chunks' forwards (with
 // virtual stages), the backward passes (full,
 // or split into input and weight gradients) and the messages (activations
-// forward, gradients back, MPI_Isend / MPI_Mrecv on the mp group) run where
+// forward, gradients back, MPI_Isend / MPI_Mrecv on the pp group) run where
 // the list puts them. On every stage but the last, model(x)
 // returns a stand-in of the output's shape (zeros): the step's returned
 // tensors are replaced by the last stage's after the step. With dp_size > 1
 // the replicas average their gradients (point to point over the dp group at
-// the end of the step).
+// the end of the step), all but those of partita's distributed layers
+// (partita/nn/linear.hpp), which sum theirs over their own partition's
+// data-parallel axis (docs/3d.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -64,9 +67,9 @@ struct PipelineError : Error {
 // schedule_from_csv) for the steps that follow; set it alike on every rank.
 // std::nullopt returns to Config::pipeline. Like the built-ins it is
 // verified at every step before the first message (ScheduleError on every
-// rank), and it must be for mp_size ranks, the step's microbatch count, as
-// many stages per rank as the model has chunks, stage k on mp rank k mod
-// mp_size.
+// rank), and it must be for pp_size ranks, the step's microbatch count, as
+// many stages per rank as the model has chunks, stage k on pp rank k mod
+// pp_size (mp rank without tensor parallelism).
 void set_schedule(std::optional<Schedule> s);
 const std::optional<Schedule>& user_schedule();
 
@@ -112,8 +115,8 @@ void register_layer() {
 
 class DistributedModel {
  public:
-  // Collective over the mp group (smp::init first). `split_points`: empty
-  // (balanced by parameter count) or mp_size - 1 increasing layer indices in
+  // Collective over the pp group (smp::init first). `split_points`: empty
+  // (balanced by parameter count) or pp_size - 1 increasing layer indices in
   // (0, layers) at which a new stage starts. Every rank builds the same
   // model; this rank keeps layers [first_layer(), end_layer()). UsageError
   // on every rank when the model has fewer layers than stages, the ranks'
