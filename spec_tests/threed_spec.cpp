@@ -325,5 +325,44 @@ TEST(ThreeD, BalancedSplitIsTheSameOnEveryRank) {
   EXPECT_EQ(model.bounds(), (std::vector<int>{0, 2, 4})) << "world rank " << mpi::world_rank();
 }
 
+// Bad input (issue 32 item 6, in part): a stage that does not exist,
+// activations of too few dimensions, and a feature count the tp degree
+// cannot split raise on every rank, and smp works afterwards.
+TEST(ThreeD, BadInputRaisesOnEveryRank) {
+  const int n = mpi::world_size();
+  smp::Config config;
+  config.partitions = n % 2 == 0 ? 2 : 1;
+  config.tensor_parallel_degree = n % 4 == 0 ? 2 : 1;
+  smp::init(config);
+  const int pp = smp::pp_size();
+  try {
+    smp::stage_partitions(pp);
+    ADD_FAILURE() << "stage " << pp << " of " << pp << " was accepted";
+  } catch (const smp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage " + std::to_string(pp) + " does not exist (pp_size " +
+                                         std::to_string(pp) + ")"), std::string::npos) << e.what();
+  }
+  try {
+    smp::stage_partitions(0, 2);
+    ADD_FAILURE() << "2-dimensional activations were accepted";
+  } catch (const smp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("at least 3 dimensions"), std::string::npos) << e.what();
+  }
+  if (smp::tp_size() > 1) {
+    // 1 output feature over 2 tp ranks: the all-gather layer cannot split it.
+    const smp::StagePartitions P = smp::stage_partitions(0);
+    try {
+      nn::DistributedLinearAllGather bad(P.features, kHidden, 1, nn::LinearOptions{}, P.tokens);
+      ADD_FAILURE() << "out_features 1 over tp 2 was accepted";
+    } catch (const PartitionError& e) {
+      EXPECT_NE(std::string(e.what()).find("out_features 1 must be at least M = 2"), std::string::npos) << e.what();
+    }
+  }
+  // Still usable: a block builds and smp answers.
+  const smp::StagePartitions P = smp::stage_partitions(0);
+  Block ok(P, false, Data::kRandom);
+  EXPECT_EQ(smp::allgather(1, smp::WORLD).size(), static_cast<size_t>(n));
+}
+
 }  // namespace
 }  // namespace partita::spec
