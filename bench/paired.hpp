@@ -77,6 +77,37 @@ inline double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// Instruction counts (issue 34 item 1): under
+//   PARTITA_BENCH_COUNT=ours|raw valgrind --tool=callgrind --collect-atstart=no ...
+// callgrind collects only inside partita's calls (ours) or only inside the
+// twin's (raw), so the collected total over the calls counted (printed by
+// rank 0 at exit as "counted calls: N") is instructions per call.
+// tools/instructions.sh runs it per benchmark. Without the variable the
+// scope costs one branch on a cached flag.
+enum class CountedSide { none, ours, raw };
+inline CountedSide counted_side() {
+  static const CountedSide side = [] {
+    const char* v = std::getenv("PARTITA_BENCH_COUNT");
+    if (!v) return CountedSide::none;
+    return std::string(v) == "ours" ? CountedSide::ours : std::string(v) == "raw" ? CountedSide::raw : CountedSide::none;
+  }();
+  return side;
+}
+long& counted_calls();
+struct CountedScope {
+  bool on;
+  explicit CountedScope(CountedSide side) : on(side == counted_side()) {
+    if (on) {
+      ++counted_calls();
+      toggle_collect();
+    }
+  }
+  ~CountedScope() {
+    if (on) toggle_collect();
+  }
+  static void toggle_collect();  // CALLGRIND_TOGGLE_COLLECT, in bench/counting.cpp
+};
+
 // Each iteration times partita's call and its raw-MPI twin back to back (in
 // alternating order), so both see the same machine: on a shared 2-core
 // machine, runs minutes apart differ by more than the overhead measured.
@@ -98,6 +129,7 @@ void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw,
   long faults = 0, calls = 0;  // minor page faults in partita's calls
   auto ours = [&] {
     const auto t0 = std::chrono::steady_clock::now();
+    const CountedScope counted(CountedSide::ours);
     ours_call();
     if (planted_slowdown() > 0) {
       const auto until = t0 + (std::chrono::steady_clock::now() - t0) * (1 + planted_slowdown());
@@ -131,7 +163,7 @@ void paired(benchmark::State& state, int64_t bytes, Ours&& ours_call, Raw&& raw,
     // raw, ours[, peer] in turn: each goes first once every `turns` times.
     for (int k = 0; k < turns; ++k) {
       switch ((turn + k) % turns) {
-        case 0: a = once(raw); break;
+        case 0: a = once([&] { const CountedScope counted(CountedSide::raw); raw(); }); break;
         case 1: b = timed_ours(); break;
         default: c = once(peer); break;
       }

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Instructions per call of partita's forward and of its raw-MPI twin
+# (issue 34 item 1), counted by callgrind inside bench_primitives' paired
+# loop (bench/paired.hpp, CountedScope): one valgrind run per side, every
+# rank under valgrind, collection on only inside that side's calls.
+#   tools/instructions.sh BUILD_DIR RANKS BENCHMARK...    e.g.
+#   tools/instructions.sh build 1 all_sum_reduce_fwd/4096 broadcast_fwd/4096
+# Prints one line per benchmark: ours and raw instructions per call (summed
+# over the ranks, divided by the calls each rank counted), and their ratio.
+# At 2 ranks and more the counts include MPICH's polling while a rank waits
+# for its peer, which depends on timing; at 1 rank they are the calls' own
+# work only.
+set -euo pipefail
+build=$1 ranks=$2
+shift 2
+command -v valgrind >/dev/null || { echo "instructions.sh: valgrind is not installed (apt-get install valgrind)"; exit 2; }
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+for bench in "$@"; do
+  declare -A per_call=()
+  for side in ours raw; do
+    PARTITA_BENCH_COUNT=$side OMP_NUM_THREADS=1 timeout 1200 mpiexec.mpich -n "$ranks" \
+      valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file="$dir/$side.%p" \
+      "$build/bench/bench_primitives" --benchmark_filter="^${bench}/" --benchmark_min_time=0.5 \
+      > "$dir/$side.log" 2>&1 || { cat "$dir/$side.log"; exit 1; }
+    calls=$(grep -h "^counted calls:" "$dir/$side.log" | awk '{s += $3} END {print s}')
+    ir=$(grep -h "Collected :" "$dir/$side.log" | awk '{s += $NF} END {print s}')
+    [ "${calls:-0}" -gt 0 ] || { echo "instructions.sh: no calls counted for $bench ($side)"; exit 1; }
+    per_call[$side]=$(awk -v i="$ir" -v c="$calls" 'BEGIN {printf "%.0f", i / c}')
+    rm -f "$dir/$side".*
+  done
+  awk -v b="$bench" -v r="$ranks" -v o="${per_call[ours]}" -v w="${per_call[raw]}" \
+    'BEGIN {printf "%s @%d ranks: partita %d, twin %d instructions per call (%.2fx)\n", b, r, o, w, o / w}'
+done
