@@ -80,8 +80,8 @@ inline double median(std::vector<double> v) {
 // Instruction counts (issue 34 item 1): under
 //   PARTITA_BENCH_COUNT=ours|raw valgrind --tool=callgrind --collect-atstart=no ...
 // callgrind collects only inside partita's calls (ours) or only inside the
-// twin's (raw), so the collected total over the calls counted (printed by
-// rank 0 at exit as "counted calls: N") is instructions per call.
+// twin's (raw), so the collected total over the calls counted (each
+// process prints "counted calls: N" at exit) is instructions per call.
 // tools/instructions.sh runs it per benchmark. Without the variable the
 // scope costs one branch on a cached flag.
 enum class CountedSide { none, ours, raw };
