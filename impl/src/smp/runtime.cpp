@@ -50,6 +50,12 @@ void free_comm(MPI_Comm& c) {
   c = MPI_COMM_NULL;
 }
 
+// Every communicator smp made, freed: before a new init and at finalize.
+void free_comms(State& s) {
+  for (MPI_Comm* c : {&s.mp, &s.dp, &s.tp, &s.pp, &s.world}) free_comm(*c);
+  s.initialized = false;
+}
+
 std::string where() { return "on world rank " + std::to_string(state().rank); }
 
 // smp's communicators are freed when MPI finalizes (issue 35 item 1: until
@@ -59,11 +65,7 @@ std::string where() { return "on world rank " + std::to_string(state().rank); }
 // the delete callbacks of its attributes: the standard's hook for a
 // library's clean-up at finalize.
 int free_at_finalize(MPI_Comm, int, void*, void*) {
-  State& s = state();
-  free_comm(s.mp);
-  free_comm(s.dp);
-  free_comm(s.world);
-  s.initialized = false;
+  free_comms(state());
   return MPI_SUCCESS;
 }
 
@@ -136,12 +138,7 @@ void init(const Config& config) {
 
   State& s = state();
   free_at_finalize_once();
-  free_comm(s.mp);
-  free_comm(s.dp);
-  free_comm(s.tp);
-  free_comm(s.pp);
-  free_comm(s.world);
-  s.initialized = false;
+  free_comms(s);
   s.config = config;
   s.layout = std::make_unique<Layout>(size, config.partitions, config.tensor_parallel_degree);
   s.rank = rank;
