@@ -18,15 +18,35 @@ function(run_suite out_var)
   set(${out_var} "${out}${err}" PARENT_SCOPE)
 endfunction()
 
-# The first failing case (printed at once) and the checks that failed in it.
+# The first failing case (printed at once) and the checks that failed in it:
+# the "  case:" line and the first "  rank N:" line after the first "case
+# failed" line. Other ranks' lines may come between them (mpiexec merges the
+# ranks' output as it reads it), so each is looked for on its own.
 function(first_failure text case_var why_var)
-  if(NOT text MATCHES "case failed at [0-9]+ ranks[^\n]*\n  case: ([^\n]*)\n  rank [0-9]+: ([^;\n]*)")
+  string(FIND "${text}" "case failed at " at)
+  if(at EQUAL -1)
     message(FATAL_ERROR "no failing case in the output:\n${text}")
   endif()
-  set(${case_var} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+  string(SUBSTRING "${text}" ${at} -1 rest)
+  foreach(field case rank)
+    if(field STREQUAL "case")
+      set(pattern "\n  case: ")
+    else()
+      set(pattern "\n  rank ")
+    endif()
+    string(FIND "${rest}" "${pattern}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "no '${pattern}' line after the failing case:\n${rest}")
+    endif()
+    string(SUBSTRING "${rest}" ${at} -1 rest)
+    string(REGEX MATCH "^\n  (case|rank [0-9]+): ([^;\n]*)" line "${rest}")
+    set(${field}_text "${CMAKE_MATCH_2}")
+    string(SUBSTRING "${rest}" 1 -1 rest)
+  endforeach()
+  set(${case_var} "${case_text}" PARENT_SCOPE)
   # Numbers differ in their last digits between runs only if the run is
   # not deterministic; the check's name and words must be the same.
-  string(REGEX REPLACE "[0-9][-+0-9.e]*" "#" why "${CMAKE_MATCH_2}")
+  string(REGEX REPLACE "[0-9][-+0-9.e]*" "#" why "${rank_text}")
   set(${why_var} "${why}" PARENT_SCOPE)
 endfunction()
 

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "partita/testing/case.hpp"
 #include "partita/mpi/runtime.hpp"
@@ -75,10 +76,12 @@ void harness_wait(MPI_Request& req, const LockstepParams& lp, const char* what) 
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited < limit) continue;
-    std::cerr << "lockstep: rank " << mpi::world_rank() << " waited " << waited << " s in the "
-              << what << " of a case: another rank is stuck where no deadline reaches it\n"
-              << "  case: " << g_current_case << "\n  seed " << lp.seed << "\n  "
-              << replay_line(lp) << std::endl;
+    std::ostringstream os;  // one write, as the failure report below
+    os << "lockstep: rank " << mpi::world_rank() << " waited " << waited << " s in the " << what
+       << " of a case: another rank is stuck where no deadline reaches it\n"
+       << "  case: " << g_current_case << "\n  seed " << lp.seed << "\n  " << replay_line(lp)
+       << "\n";
+    std::cerr << os.str() << std::flush;
     MPI_Abort(MPI_COMM_WORLD, 4);
   }
 }
@@ -162,11 +165,14 @@ bool check_lockstep_impl(const std::string& name,
     // The first failing case at once, before shrinking (which may take
     // long). The ranks agreed, so rank 0 speaks for all; when they cannot
     // agree, harness_wait has every rank speak.
+    // Composed first and written at once: std::cerr writes each << on its
+    // own, and mpiexec may put another rank's line between two of them.
     if (first_failure && mpi::world_rank() == 0) {
-      std::cerr << "lockstep property '" << name << "': case failed at " << n << " ranks"
-                << (global[1] ? "" : " (a wait missed its deadline)") << ", shrinking\n  case: "
-                << g_current_case << text << "\n  seed " << lp.seed << "\n  " << replay_line(lp)
-                << std::endl;
+      std::ostringstream os;
+      os << "lockstep property '" << name << "': case failed at " << n << " ranks"
+         << (global[1] ? "" : " (a wait missed its deadline)") << ", shrinking\n  case: "
+         << g_current_case << text << "\n  seed " << lp.seed << "\n  " << replay_line(lp) << "\n";
+      std::cerr << os.str() << std::flush;
     }
     first_failure = false;
     RC_FAIL(text);
