@@ -10,6 +10,8 @@
 # At 2 ranks and more the counts include MPICH's polling while a rank waits
 # for its peer, which depends on timing; at 1 rank they are the calls' own
 # work only.
+# PARTITA_CALLGRIND_KEEP=DIR keeps the callgrind files there (DIR/<benchmark>.<side>.<pid>)
+# for `callgrind_annotate --inclusive=yes` (tools/instructions-breakdown.sh).
 set -euo pipefail
 build=$1 ranks=$2
 shift 2
@@ -27,6 +29,11 @@ for bench in "$@"; do
     ir=$(grep -h "Collected :" "$dir/$side.log" | awk '{s += $NF} END {print s}')
     [ "${calls:-0}" -gt 0 ] || { echo "instructions.sh: no calls counted for $bench ($side)"; exit 1; }
     per_call[$side]=$(awk -v i="$ir" -v c="$calls" 'BEGIN {printf "%.0f", i / c}')
+    if [ -n "${PARTITA_CALLGRIND_KEEP:-}" ]; then
+      mkdir -p "$PARTITA_CALLGRIND_KEEP"
+      for f in "$dir/$side".[0-9]*; do mv "$f" "$PARTITA_CALLGRIND_KEEP/${bench//\//_}.${f##*/}"; done
+      echo "$calls" > "$PARTITA_CALLGRIND_KEEP/${bench//\//_}.$side.calls"
+    fi
     rm -f "$dir/$side".*
   done
   awk -v b="$bench" -v r="$ranks" -v o="${per_call[ours]}" -v w="${per_call[raw]}" \

@@ -65,6 +65,9 @@ void ialltoall_blocks(bool uniform, const void* send, const std::vector<int>& sc
 
 std::vector<Header> exchange_headers(const Partition& P, const Header& mine, const char* what) {
   if (!P.active()) return {};
+  // Alone, a rank agrees with itself: the collective on a one-rank
+  // communicator was 4,500 of a 1-rank broadcast's 9,900 instructions.
+  if (P.size() == 1) return {mine};
   constexpr int n = sizeof(Header) / sizeof(int64_t);
   std::vector<Header> all(P.size());
   MPI_Request req;
@@ -400,7 +403,7 @@ int64_t total(const std::vector<int64_t>& v) {
 at::Tensor allreduce(const Group& g, const at::Tensor& x, MPI_Op op, const std::string& what) {
   // MPI reads the input and writes a fresh output: no copy of our own.
   const at::Tensor in = x.contiguous();
-  if (g.size == 1 || in.numel() == 0) return in.clone();
+  if (g.size == 1 || in.numel() == 0) return contiguous_copy(in);
   at::Tensor out = fresh(in.sizes(), in.options());
   MPI_Request req;
   PARTITA_MPI_CHECK(MPI_Iallreduce(in.data_ptr(), out.data_ptr(), mpi_count(in.numel(), what),
@@ -432,7 +435,7 @@ at::Tensor reduce_to(const Group& g, const at::Tensor& x, MPI_Op op, int root,
                      const std::string& what) {
   const at::Tensor in = x.contiguous();
   const bool me = g.rank == root;
-  if (g.size == 1) return in.clone();
+  if (g.size == 1) return contiguous_copy(in);
   at::Tensor out = me ? at::empty(in.sizes(), in.options()) : at::Tensor();
   if (in.numel() > 0) {
     MPI_Request req;
@@ -452,7 +455,7 @@ at::Tensor gather_dim(const Group& g, const at::Tensor& x, int64_t dim,
                                 what, counts, displs);
   at::DimVector out_sizes(c.sizes().begin(), c.sizes().end());
   out_sizes[dim] = g.rank == root ? total(lengths) : 0;
-  if (g.size == 1) return c.clone();
+  if (g.size == 1) return contiguous_copy(c);
   at::Tensor staged = blocks_buffer(out_sizes, dim, g.rank == root ? n : 0, c.options());
   MPI_Request req;
   const MPI_Datatype type = mpi_datatype(c.scalar_type());
@@ -471,7 +474,7 @@ at::Tensor allgather_dim(const Group& g, const at::Tensor& x, int64_t dim,
                                 what, counts, displs);
   at::DimVector out_sizes(c.sizes().begin(), c.sizes().end());
   out_sizes[dim] = total(lengths);
-  if (g.size == 1) return c.clone();
+  if (g.size == 1) return contiguous_copy(c);
   at::Tensor staged = blocks_buffer(out_sizes, dim, n, c.options());
   if (n > 0) {
     MPI_Request req;
@@ -487,7 +490,7 @@ at::Tensor reduce_scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
   const at::Tensor c = x.contiguous();
   at::DimVector out_sizes(c.sizes().begin(), c.sizes().end());
   out_sizes[dim] = lengths.at(g.rank);
-  if (g.size == 1) return c.clone();
+  if (g.size == 1) return contiguous_copy(c);
   std::vector<int> counts, displs;
   const at::Tensor staged = send_blocks(c, dim, starts_of(lengths), lengths, what, counts, displs);
   at::Tensor out = fresh(out_sizes, c.options());
