@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "key_values.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp.hpp"
 #include "partita/smp/pipeline.hpp"
@@ -68,21 +69,15 @@ TORCH_MODULE(SleepLayer);
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const long v = std::atol(argv[i + 1]);
-    if (k == "--width") o.width = v;
-    else if (k == "--layers") o.layers = static_cast<int>(v);
-    else if (k == "--batch") o.batch = v;
-    else if (k == "--microbatches") o.microbatches = static_cast<int>(v);
-    else if (k == "--steps") o.steps = static_cast<int>(v);
-    else if (k == "--warmup") o.warmup = static_cast<int>(v);
-    else if (k == "--sleep-us") o.sleep_us = v;
-    else {
-      std::fprintf(stderr, "bench_pipeline: unknown option %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  partita::bench::parse_key_values(
+      argc, argv, "bench_pipeline",
+      {{"--width", [&](double x) { o.width = static_cast<int64_t>(x); }},
+       {"--layers", [&](double x) { o.layers = static_cast<int>(x); }},
+       {"--batch", [&](double x) { o.batch = static_cast<int64_t>(x); }},
+       {"--microbatches", [&](double x) { o.microbatches = static_cast<int>(x); }},
+       {"--steps", [&](double x) { o.steps = static_cast<int>(x); }},
+       {"--warmup", [&](double x) { o.warmup = static_cast<int>(x); }},
+       {"--sleep-us", [&](double x) { o.sleep_us = static_cast<int64_t>(x); }}});
   return o;
 }
 

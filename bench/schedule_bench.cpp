@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "key_values.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp.hpp"
 #include "partita/smp/pipeline.hpp"
@@ -44,19 +45,13 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const double x = std::atof(argv[i + 1]);
-    if (k == "--unit-ms") o.unit_ms = x;
-    else if (k == "--microbatches") o.microbatches = static_cast<int>(x);
-    else if (k == "--virtual") o.v = static_cast<int>(x);
-    else if (k == "--steps") o.steps = static_cast<int>(x);
-    else if (k == "--warmup") o.warmup = static_cast<int>(x);
-    else {
-      std::fprintf(stderr, "bench_schedules: unknown option %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  partita::bench::parse_key_values(
+      argc, argv, "bench_schedules",
+      {{"--unit-ms", [&](double x) { o.unit_ms = x; }},
+       {"--microbatches", [&](double x) { o.microbatches = static_cast<int>(x); }},
+       {"--virtual", [&](double x) { o.v = static_cast<int>(x); }},
+       {"--steps", [&](double x) { o.steps = static_cast<int>(x); }},
+       {"--warmup", [&](double x) { o.warmup = static_cast<int>(x); }}});
   return o;
 }
 
