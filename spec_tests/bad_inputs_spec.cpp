@@ -24,6 +24,10 @@
 #include <typeinfo>
 #include <vector>
 
+#include <c10/core/CPUAllocator.h>
+
+#include "detail/layer_checks.hpp"
+#include "detail/team_comm.hpp"
 #include "partita/errors.hpp"
 #include "partita/mpi/communicator.hpp"
 #include "partita/mpi/partition.hpp"
@@ -490,6 +494,218 @@ TEST(BadInput, CommPeerOutOfRange) {
   row<ShapeError>(
       "dest " + std::to_string(n()) + " is out of range", [] { comm().isend(at::ones({2}, at::kDouble), n(), 0); },
       comm_still_works);
+}
+
+// ---- counts above MPI's limit (issue 35 item 5) ----------------------------------------------
+// MPI counts and displacements are ints. The inputs below are expanded
+// (zero-stride) byte tensors: their shapes ask for counts above INT_MAX and
+// nothing of that size exists. While the bad call runs, an AllocationGuard
+// makes every LibTorch CPU allocation above 256 MiB throw, so a row also
+// fails if anything of the count's size is copied or allocated before the
+// check raises.
+
+constexpr int64_t kAboveLimit = int64_t{INT_MAX} + 2;
+constexpr int64_t kGuardBytes = int64_t{256} << 20;
+
+class AllocationGuard final : public c10::Allocator {
+ public:
+  // (The highest priority: LibTorch keeps the allocator of the highest
+  // priority it was given; the default's is above 0.)
+  AllocationGuard() : inner_(c10::GetCPUAllocator()) {
+    c10::SetCPUAllocator(this, kPriority);
+    if (c10::GetCPUAllocator() != this) throw std::logic_error("AllocationGuard: not installed");
+  }
+  ~AllocationGuard() override { c10::SetCPUAllocator(inner_, kPriority); }
+  AllocationGuard(const AllocationGuard&) = delete;
+  AllocationGuard& operator=(const AllocationGuard&) = delete;
+  c10::DataPtr allocate(size_t n) const override {
+    if (static_cast<int64_t>(n) > kGuardBytes)
+      throw std::runtime_error("AllocationGuard: " + std::to_string(n) +
+                               " bytes allocated before the count check raised");
+    return inner_->allocate(n);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return inner_->raw_deleter(); }
+
+ private:
+  static constexpr uint8_t kPriority = 255;
+  c10::Allocator* inner_;
+};
+
+// `extent` bytes along dimension 0 (times `rows` along 1 when given), none allocated.
+at::Tensor announced(int64_t extent, int64_t rows = 0) {
+  const at::Tensor one = at::zeros(rows ? at::IntArrayRef{1, 1} : at::IntArrayRef{1}, at::kByte);
+  return rows ? one.expand({rows, extent}) : one.expand({extent});
+}
+
+// A ShapeError of rule input.count_overflow whose message holds `part`.
+void expect_count_error(const std::function<void()>& f, const std::string& part = "") {
+  try {
+    f();
+    ADD_FAILURE() << "nothing was raised";
+  } catch (const ShapeError& e) {
+    EXPECT_EQ(e.rule(), rule_code::kCountOverflow) << e.what();
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "'" << e.what() << "' lacks '" << part << "'";
+  }
+}
+
+// The checks themselves, pure functions of what every member knows: no MPI,
+// no data.
+TEST(CountLimit, BlocksCheckEveryCountAndDisplacementNotTheTotal) {
+  using mpi::detail::block_counts;
+  std::vector<int> counts, displs;
+  const int64_t big = 1100000000;  // 1.1e9: one fits, two do not
+  EXPECT_EQ(block_counts({big, big}, 1, "t", counts, displs), 2 * big);  // the total is not a count
+  EXPECT_EQ(displs, (std::vector<int>{0, static_cast<int>(big)}));
+  EXPECT_EQ(block_counts({INT_MAX}, 1, "t", counts, displs), INT_MAX);
+  expect_count_error([&] { block_counts({int64_t{INT_MAX} + 1}, 1, "t", counts, displs); });
+  expect_count_error([&] { block_counts({2}, big, "t", counts, displs); });  // 2 rows of 1.1e9
+  // Each block fits; the third one's displacement, 2.2e9, does not.
+  expect_count_error([&] { block_counts({big, big, 1}, 1, "t", counts, displs); },
+                     "a count of 2200000000 elements");
+}
+
+TEST(CountLimit, AlltoallChecksEveryMembersCounts) {
+  // Three members of shape [g_m, S] exchange along dimension 1, numelem
+  // {1, 1.5e9, 0}, g {2, 1, 1}: member 0 would send member 1 3e9 elements
+  // and member 1 receive them; member 2's own counts all fit, so only a
+  // check of every member's counts stops it from posting.
+  using mpi::detail::alltoall_counts;
+  const int64_t n1 = 1500000000, S = 1 + n1;
+  const std::vector<int64_t> g{2, 1, 1}, numelem{1, n1, 0};
+  for (int m = 0; m < 3; ++m) {
+    const std::vector<int64_t> sizes{g[m], S};
+    if (m == 2) {
+      const auto k = alltoall_counts(m, sizes, 0, 1, g, numelem, "t");
+      EXPECT_EQ(k.scounts, (std::vector<int>{1, static_cast<int>(n1), 0}));
+      EXPECT_EQ(k.rcounts, (std::vector<int>{0, 0, 0}));
+    } else {
+      expect_count_error([&] { alltoall_counts(m, sizes, 0, 1, g, numelem, "t"); },
+                         "a count of 3000000000 elements");
+    }
+  }
+}
+
+TEST(CountLimit, LayersCheckEveryWorkersVolume) {
+  // Headers as the layers gather them: every worker's tensor of 4 elements,
+  // then worker 1's of INT_MAX + 2.
+  const mpi::Partition world = mpi::Partition::world();
+  std::vector<mpi::detail::Header> headers(n());
+  for (auto& h : headers) {
+    h.ndim = 1;
+    h.dims[0] = 4;
+  }
+  mpi::detail::check_volumes_fit("t", world, headers);
+  headers[1].dims[0] = kAboveLimit;
+  expect_count_error([&] { mpi::detail::check_volumes_fit("t", world, headers); },
+                     "worker 1's tensor of shape [2147483649]");
+  // A gather's blocks: 1.1e9 on each worker, one team of all: the third
+  // worker's displacement does not fit.
+  for (auto& h : headers) h.dims[0] = 1100000000;
+  auto gather = [&] { mpi::detail::check_blocks_fit("t", world, {all_ranks()}, headers, 0, false); };
+  if (n() < 3)
+    gather();
+  else
+    expect_count_error(gather);
+}
+
+// The calls. Broadcast from P_x = [0, 1, 2] to P_y = [1, 0, 2] (one worker
+// per team): rank 0 is the root of team 0 and a member of team 1, rank 1
+// the root of team 1 (2^31 + 1 bytes) and a member of team 0, rank 2 (3
+// ranks) its own team, whose count fits: every rank raises before posting.
+// SumReduce over the same teams the other way: rank 1's contribution is
+// too large.
+template <typename Layer>
+void swapped_teams_above_the_limit() {
+  Ranks swapped = all_ranks();
+  std::swap(swapped[0], swapped[1]);
+  Layer layer(cartesian(all_ranks(), {n()}), cartesian(swapped, {n()}));
+  row<ShapeError>(
+      rule_code::kCountOverflow,
+      [&] {
+        AllocationGuard guard;
+        layer(me() == 1 ? announced(kAboveLimit) : at::ones({4}, at::kByte));
+      },
+      [&]() -> std::string {
+        // Rank r's output comes from the worker paired with it: 0 from 1, 1 from 0.
+        const int from = me() < 2 ? 1 - me() : me();
+        return differs(layer(at::full({3}, me() + 1.0, at::kDouble)), at::full({3}, from + 1.0, at::kDouble));
+      });
+}
+
+TEST(BadInput, BroadcastAboveTheCountLimit) { swapped_teams_above_the_limit<nn::Broadcast>(); }
+TEST(BadInput, SumReduceAboveTheCountLimit) { swapped_teams_above_the_limit<nn::SumReduce>(); }
+
+TEST(BadInput, AllSumReduceAboveTheCountLimit) {
+  nn::AllSumReduce all(mpi::Partition::world().create_cartesian_topology_partition({n()}), std::vector<int>{0});
+  row<ShapeError>(
+      rule_code::kCountOverflow,
+      [&] {
+        AllocationGuard guard;
+        all(announced(kAboveLimit));
+      },
+      [&]() -> std::string { return differs(all(at::ones({4}, at::kDouble)), at::full({4}, static_cast<double>(n()), at::kDouble)); });
+}
+
+// At 3 ranks every block fits (1.1e9 bytes) and the third one's
+// displacement does not; at 2, rank 1's block does not fit.
+TEST(BadInput, AllGatherAboveTheCountLimit) {
+  nn::AllGather ag(mpi::Partition::world().create_cartesian_topology_partition({n()}), 0, 0);
+  const int64_t extent = n() >= 3 ? (me() == 2 ? 1 : 1100000000) : (me() == 1 ? kAboveLimit : 1);
+  row<ShapeError>(
+      rule_code::kCountOverflow,
+      [&] {
+        AllocationGuard guard;
+        ag(announced(extent));
+      },
+      [&]() -> std::string {
+        return differs(ag(at::full({1}, static_cast<double>(me()), at::kDouble)), at::arange(n(), at::kDouble));
+      });
+}
+
+// CountLimit.AlltoallChecksEveryMembersCounts' exchange, over MPI: at 3
+// ranks rank 2's own counts fit.
+TEST(BadInput, CommAlltoallAboveTheCountLimit) {
+  const int64_t n1 = 1500000000;
+  const int64_t numelem = me() == 1 ? n1 : (me() == 0 ? 1 : 0);
+  row<ShapeError>(
+      rule_code::kCountOverflow,
+      [&] {
+        AllocationGuard guard;
+        comm().alltoall(announced(1 + n1, me() == 0 ? 2 : 1), 0, 1, numelem);
+      },
+      comm_still_works);
+}
+
+TEST(BadInput, CommGatherAboveTheCountLimit) {
+  row<ShapeError>(
+      rule_code::kCountOverflow,
+      [&] {
+        AllocationGuard guard;
+        comm().gather(announced(me() == 1 ? kAboveLimit : 1), 0, 0);
+      },
+      comm_still_works);
+}
+
+TEST(BadInput, CommBcastAboveTheCountLimit) {
+  row<ShapeError>(
+      rule_code::kCountOverflow,
+      [&] {
+        AllocationGuard guard;
+        comm().bcast_(announced(kAboveLimit), 0);
+      },
+      comm_still_works);
+}
+
+TEST(BadInput, CommIsendAboveTheCountLimit) {
+  // Rank 0 sends rank 1 a tensor of 2^31 + 1 bytes; rank 1 receives one of that shape.
+  row<ShapeError>(
+      rule_code::kCountOverflow,
+      [&] {
+        AllocationGuard guard;
+        if (me() == 0) comm().isend(announced(kAboveLimit), 1, 0);
+        if (me() == 1) comm().irecv(announced(kAboveLimit), 0, 0);
+      },
+      comm_still_works, me() < 2);
 }
 
 // ---- schedules and pipelines -----------------------------------------------------------------

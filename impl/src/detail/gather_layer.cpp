@@ -59,6 +59,7 @@ std::shared_ptr<const GatherLayer::Compiled> GatherLayer::prepare(const at::Tens
     const int64_t n = x.size(dim), k = team.size();
     for (int64_t i = 0; i < k; ++i) lengths[i] = local_length(n, k, i);
   }
+  check_blocks_fit(name, P_x, groups, headers, dim, !gather);
   check_plan(P_x, name, claims(x, lengths));
   auto c = std::make_shared<Compiled>();
   c->lengths = std::move(lengths);

@@ -1,6 +1,7 @@
 #include "detail/layer_checks.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <map>
 
 namespace partita::mpi::detail {
@@ -82,6 +83,34 @@ std::vector<Ranks> teams_along(const Partition& P_x, const std::vector<int>& axe
   std::vector<Ranks> out;
   for (auto& kv : by_key) out.push_back(kv.second);
   return out;
+}
+
+void check_volumes_fit(const std::string& layer, const Partition& P_union,
+                       const std::vector<Header>& headers) {
+  for (int u = 0; u < P_union.size(); ++u)
+    if (headers[u].numel() > INT_MAX)
+      throw ShapeError(layer + ": worker " + std::to_string(P_union.workers()[u]) +
+                       "'s tensor of shape " + shape_text(headers[u]) + " would be one MPI count of " +
+                       std::to_string(headers[u].numel()) +
+                       " elements, above the MPI count limit (INT_MAX = 2147483647); nothing was sent",
+                       rule_code::kCountOverflow);
+}
+
+void check_blocks_fit(const std::string& layer, const Partition& P_x,
+                      const std::vector<Ranks>& teams, const std::vector<Header>& headers,
+                      int64_t dim, bool split) {
+  std::vector<int> counts, displs;
+  for (const auto& team : teams) {
+    if (team.size() < 2) continue;  // nothing goes through MPI
+    const Header& first = header_of(P_x, headers, team[0]);
+    std::vector<int64_t> lens;
+    for (size_t i = 0; i < team.size(); ++i)
+      lens.push_back(split ? local_length(first.dims[dim], static_cast<int64_t>(team.size()),
+                                          static_cast<int64_t>(i))
+                           : header_of(P_x, headers, team[i]).dims[dim]);
+    block_counts(lens, row_volume(at::IntArrayRef(first.dims, first.ndim), dim),
+                 layer + " (the team of workers [" + list_string(team) + "])", counts, displs);
+  }
 }
 
 bool any_requires_grad(const std::vector<Header>& headers) {

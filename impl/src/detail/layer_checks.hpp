@@ -20,6 +20,23 @@ void check_same_shapes(const std::string& layer, const Partition& P_union,
                        const std::vector<Ranks>& groups, const std::vector<Header>& headers,
                        const char* group_kind);
 
+// Issue 35 item 5, for layers whose teams move each member's tensor whole
+// as one MPI count (Broadcast, SumReduce, AllSumReduce): unless every
+// worker's tensor has at most INT_MAX elements, every rank of the layer
+// raises the same ShapeError (rule input.count_overflow), naming the
+// worker, before anything is posted, even where its own team's count fits
+// (its team would finish while another's members raised, and the layer's
+// ranks would go separate ways).
+void check_volumes_fit(const std::string& layer, const Partition& P_union,
+                       const std::vector<Header>& headers);
+
+// The same for AllGather and ReduceScatter: for every team (world ranks)
+// its blocks along `dim` (each member's extent, or the balanced split of
+// the team's extent when `split`) and their displacements fit an int.
+void check_blocks_fit(const std::string& layer, const Partition& P_x,
+                      const std::vector<Ranks>& teams, const std::vector<Header>& headers,
+                      int64_t dim, bool split);
+
 // Does any member's input require grad? (The same answer on every rank.)
 bool any_requires_grad(const std::vector<Header>& headers);
 

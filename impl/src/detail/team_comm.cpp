@@ -124,8 +124,9 @@ MPI_Op mpi_sum(at::ScalarType t) {
 
 int mpi_count(int64_t numel, const std::string& what) {
   if (numel > INT_MAX)
-    throw ShapeError(what + ": " + std::to_string(numel) +
-                     " elements exceed the MPI count limit (INT_MAX)", rule_code::kCountOverflow);
+    throw ShapeError(what + ": a count of " + std::to_string(numel) +
+                     " elements, above the MPI count limit (INT_MAX = 2147483647); nothing was sent",
+                     rule_code::kCountOverflow);
   return static_cast<int>(numel);
 }
 
@@ -154,28 +155,30 @@ at::Tensor contiguous_copy(const at::Tensor& x) {
   return x.detach().clone(at::MemoryFormat::Contiguous);
 }
 
+// Both teams' counts are checked before anything is copied, allocated or
+// posted (issue 35 item 5): a rank that is the root of one team and a
+// member of another used to post the first broadcast (or reduction) and
+// then throw on the second, leaving a request in flight on a buffer it
+// freed. (The layers agree on every team's count before they get here,
+// check_volumes_fit; this keeps the function safe on its own.)
 at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
                        const at::Tensor& src, const Shape& out_shape,
                        const at::TensorOptions& out_options, const std::string& what) {
+  const bool self = member_team.active() && root_team.active() &&
+                    member_team.comm() == root_team.comm();
+  const int root_count = root_team.active() ? mpi_count(src.numel(), what) : 0;
+  const int member_count = member_team.active() && !self ? mpi_count(volume(out_shape), what) : 0;
   MPI_Request reqs[2];
   int n = 0;
   at::Tensor send, out;
-  if (root_team.active()) {
-    send = src.contiguous();
-    if (send.numel() > 0)
-      PARTITA_MPI_CHECK(MPI_Ibcast(send.data_ptr(), mpi_count(send.numel(), what),
-                                   mpi_datatype(send.scalar_type()), 0, root_team.comm(),
-                                   &reqs[n++]));
-  }
-  const bool self = member_team.active() && root_team.active() &&
-                    member_team.comm() == root_team.comm();
-  if (member_team.active() && !self) {
-    out = fresh(out_shape, out_options);
-    if (out.numel() > 0)
-      PARTITA_MPI_CHECK(MPI_Ibcast(out.data_ptr(), mpi_count(out.numel(), what),
-                                   mpi_datatype(out.scalar_type()), 0, member_team.comm(),
-                                   &reqs[n++]));
-  }
+  if (root_team.active()) send = src.contiguous();
+  if (member_team.active() && !self) out = fresh(out_shape, out_options);
+  if (root_count > 0)
+    PARTITA_MPI_CHECK(MPI_Ibcast(send.data_ptr(), root_count, mpi_datatype(send.scalar_type()), 0,
+                                 root_team.comm(), &reqs[n++]));
+  if (member_count > 0)
+    PARTITA_MPI_CHECK(MPI_Ibcast(out.data_ptr(), member_count, mpi_datatype(out.scalar_type()), 0,
+                                 member_team.comm(), &reqs[n++]));
   if (self) {
     // The root is its own receiver: its output is a copy, not its input.
     // One memcpy of the contiguous input when the output has its shape and
@@ -192,26 +195,25 @@ at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
 at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team,
                         const at::Tensor& contrib, const Shape& out_shape,
                         const at::TensorOptions& out_options, const std::string& what) {
-  MPI_Request reqs[2];
-  int n = 0;
   const bool self = member_team.active() && root_team.active() &&
                     member_team.comm() == root_team.comm();
+  const int member_count = member_team.active() && !self ? mpi_count(contrib.numel(), what) : 0;
+  const int root_count = root_team.active() ? mpi_count(volume(out_shape), what) : 0;
+  MPI_Request reqs[2];
+  int n = 0;
   at::Tensor send, out;
   if (member_team.active()) send = contrib.contiguous();
-  if (member_team.active() && !self && send.numel() > 0)
-    PARTITA_MPI_CHECK(MPI_Ireduce(send.data_ptr(), nullptr, mpi_count(send.numel(), what),
+  // A root that contributes to its own team sends from its input into a
+  // fresh output; one that does not reduces in place into zeros.
+  if (root_team.active()) out = self ? fresh(out_shape, out_options) : at::zeros(out_shape, out_options);
+  if (member_count > 0)
+    PARTITA_MPI_CHECK(MPI_Ireduce(send.data_ptr(), nullptr, member_count,
                                   mpi_datatype(send.scalar_type()), mpi_sum(send.scalar_type()),
                                   0, member_team.comm(), &reqs[n++]));
-  if (root_team.active()) {
-    // A root that contributes to its own team sends from its input into a
-    // fresh output; one that does not reduces in place into zeros.
-    out = self ? fresh(out_shape, out_options) : at::zeros(out_shape, out_options);
-    if (out.numel() > 0)
-      PARTITA_MPI_CHECK(MPI_Ireduce(self ? send.data_ptr() : MPI_IN_PLACE, out.data_ptr(),
-                                    mpi_count(out.numel(), what), mpi_datatype(out.scalar_type()),
-                                    mpi_sum(out.scalar_type()), 0, root_team.comm(),
-                                    &reqs[n++]));
-  }
+  if (root_count > 0)
+    PARTITA_MPI_CHECK(MPI_Ireduce(self ? send.data_ptr() : MPI_IN_PLACE, out.data_ptr(), root_count,
+                                  mpi_datatype(out.scalar_type()), mpi_sum(out.scalar_type()), 0,
+                                  root_team.comm(), &reqs[n++]));
   wait_all(n, reqs, what.c_str());
   return out;
 }
@@ -302,13 +304,18 @@ int64_t inner_volume(at::IntArrayRef sizes, int64_t dim) {
   return v;
 }
 
-// MPI counts and displacements of consecutive blocks of `lens[i] * row`
-// elements; returns the elements in all. Only the counts and displacements
-// must fit an int, not the total: a check of the total would raise on the
-// ranks that take this path and not on those whose blocks go by
-// send_blocks' single-block branch, which would then wait forever.
-int64_t consecutive(const std::vector<int64_t>& lens, int64_t row, const std::string& what,
-                    std::vector<int>& counts, std::vector<int>& displs) {
+}  // namespace
+
+int64_t row_volume(at::IntArrayRef sizes, int64_t dim) {
+  return outer_volume(sizes, dim) * inner_volume(sizes, dim);
+}
+
+// Only the counts and displacements must fit an int, not the total: a
+// check of the total would raise on the ranks that take this path and not
+// on those whose blocks go by send_blocks' single-block branch, which would
+// then wait forever.
+int64_t block_counts(const std::vector<int64_t>& lens, int64_t row, const std::string& what,
+                     std::vector<int>& counts, std::vector<int>& displs) {
   counts.clear();
   displs.clear();
   counts.reserve(lens.size());
@@ -321,6 +328,8 @@ int64_t consecutive(const std::vector<int64_t>& lens, int64_t row, const std::st
   }
   return at;
 }
+
+namespace {
 
 // The rows [starts[j], starts[j] + lens[j]) along `dim` of the contiguous c,
 // each as one contiguous block, with their counts and displacements: c itself
@@ -341,7 +350,7 @@ at::Tensor send_blocks(const at::Tensor& c, int64_t dim, const std::vector<int64
     }
     return c;
   }
-  const int64_t n = consecutive(lens, outer * inner, what, counts, displs);
+  const int64_t n = block_counts(lens, outer * inner, what, counts, displs);
   at::Tensor staged = fresh({n}, c.options());
   const at::Tensor v = c.view({outer, c.size(dim), inner});
   for (size_t j = 0; j < lens.size(); ++j)
@@ -401,12 +410,13 @@ int64_t total(const std::vector<int64_t>& v) {
 }  // namespace
 
 at::Tensor allreduce(const Group& g, const at::Tensor& x, MPI_Op op, const std::string& what) {
+  if (g.size == 1 || x.numel() == 0) return contiguous_copy(x);
+  const int count = mpi_count(x.numel(), what);
   // MPI reads the input and writes a fresh output: no copy of our own.
   const at::Tensor in = x.contiguous();
-  if (g.size == 1 || in.numel() == 0) return contiguous_copy(in);
   at::Tensor out = fresh(in.sizes(), in.options());
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Iallreduce(in.data_ptr(), out.data_ptr(), mpi_count(in.numel(), what),
+  PARTITA_MPI_CHECK(MPI_Iallreduce(in.data_ptr(), out.data_ptr(), count,
                                    mpi_datatype(in.scalar_type()), op, g.comm, &req));
   wait(req, what.c_str());
   return out;
@@ -433,15 +443,15 @@ void reduce_inplace(const Group& g, at::Tensor& buf, MPI_Op op, int root,
 
 at::Tensor reduce_to(const Group& g, const at::Tensor& x, MPI_Op op, int root,
                      const std::string& what) {
+  if (g.size == 1) return contiguous_copy(x);
+  const int count = mpi_count(x.numel(), what);
   const at::Tensor in = x.contiguous();
   const bool me = g.rank == root;
-  if (g.size == 1) return contiguous_copy(in);
   at::Tensor out = me ? at::empty(in.sizes(), in.options()) : at::Tensor();
-  if (in.numel() > 0) {
+  if (count > 0) {
     MPI_Request req;
-    PARTITA_MPI_CHECK(MPI_Ireduce(in.data_ptr(), me ? out.data_ptr() : nullptr,
-                                  mpi_count(in.numel(), what), mpi_datatype(in.scalar_type()), op,
-                                  root, g.comm, &req));
+    PARTITA_MPI_CHECK(MPI_Ireduce(in.data_ptr(), me ? out.data_ptr() : nullptr, count,
+                                  mpi_datatype(in.scalar_type()), op, root, g.comm, &req));
     wait(req, what.c_str());
   }
   return out;
@@ -449,17 +459,16 @@ at::Tensor reduce_to(const Group& g, const at::Tensor& x, MPI_Op op, int root,
 
 at::Tensor gather_dim(const Group& g, const at::Tensor& x, int64_t dim,
                       const std::vector<int64_t>& lengths, int root, const std::string& what) {
-  const at::Tensor c = x.contiguous();
+  if (g.size == 1) return contiguous_copy(x);
   std::vector<int> counts, displs;
-  const int64_t n = consecutive(lengths, outer_volume(c.sizes(), dim) * inner_volume(c.sizes(), dim),
-                                what, counts, displs);
+  const int64_t n = block_counts(lengths, row_volume(x.sizes(), dim), what, counts, displs);
+  const at::Tensor c = x.contiguous();
   at::DimVector out_sizes(c.sizes().begin(), c.sizes().end());
   out_sizes[dim] = g.rank == root ? total(lengths) : 0;
-  if (g.size == 1) return contiguous_copy(c);
   at::Tensor staged = blocks_buffer(out_sizes, dim, g.rank == root ? n : 0, c.options());
   MPI_Request req;
   const MPI_Datatype type = mpi_datatype(c.scalar_type());
-  PARTITA_MPI_CHECK(MPI_Igatherv(c.data_ptr(), mpi_count(c.numel(), what), type,
+  PARTITA_MPI_CHECK(MPI_Igatherv(c.data_ptr(), counts.at(g.rank), type,
                                  staged.data_ptr(), counts.data(), displs.data(), type, root,
                                  g.comm, &req));
   wait(req, what.c_str());
@@ -468,17 +477,16 @@ at::Tensor gather_dim(const Group& g, const at::Tensor& x, int64_t dim,
 
 at::Tensor allgather_dim(const Group& g, const at::Tensor& x, int64_t dim,
                          const std::vector<int64_t>& lengths, const std::string& what) {
-  const at::Tensor c = x.contiguous();
+  if (g.size == 1) return contiguous_copy(x);
   std::vector<int> counts, displs;
-  const int64_t n = consecutive(lengths, outer_volume(c.sizes(), dim) * inner_volume(c.sizes(), dim),
-                                what, counts, displs);
+  const int64_t n = block_counts(lengths, row_volume(x.sizes(), dim), what, counts, displs);
+  const at::Tensor c = x.contiguous();
   at::DimVector out_sizes(c.sizes().begin(), c.sizes().end());
   out_sizes[dim] = total(lengths);
-  if (g.size == 1) return contiguous_copy(c);
   at::Tensor staged = blocks_buffer(out_sizes, dim, n, c.options());
   if (n > 0) {
     MPI_Request req;
-    iallgather_blocks(c.data_ptr(), mpi_count(c.numel(), what), mpi_datatype(c.scalar_type()),
+    iallgather_blocks(c.data_ptr(), counts.at(g.rank), mpi_datatype(c.scalar_type()),
                       staged.data_ptr(), counts, displs, g.comm, &req);
     wait(req, what.c_str());
   }
@@ -487,11 +495,13 @@ at::Tensor allgather_dim(const Group& g, const at::Tensor& x, int64_t dim,
 
 at::Tensor reduce_scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
                               const std::vector<int64_t>& lengths, const std::string& what) {
+  if (g.size == 1) return contiguous_copy(x);
+  std::vector<int> counts, displs;
+  // (send_blocks hands MPI these counts, and displacements of no more.)
+  block_counts(lengths, row_volume(x.sizes(), dim), what, counts, displs);
   const at::Tensor c = x.contiguous();
   at::DimVector out_sizes(c.sizes().begin(), c.sizes().end());
   out_sizes[dim] = lengths.at(g.rank);
-  if (g.size == 1) return contiguous_copy(c);
-  std::vector<int> counts, displs;
   const at::Tensor staged = send_blocks(c, dim, starts_of(lengths), lengths, what, counts, displs);
   at::Tensor out = fresh(out_sizes, c.options());
   if (c.numel() > 0) {
@@ -507,16 +517,14 @@ at::Tensor reduce_scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
 at::Tensor scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
                        const std::vector<int64_t>& lengths, int root, const Shape& root_shape,
                        const at::TensorOptions& options, const std::string& what) {
+  std::vector<int> counts, displs;
+  block_counts(lengths, row_volume(root_shape, dim), what, counts, displs);
   Shape out_shape = root_shape;
   out_shape[dim] = lengths.at(g.rank);
   at::Tensor out = at::empty(out_shape, options);
-  std::vector<int> counts, displs;
   at::Tensor staged;
   if (g.rank == root)
     staged = send_blocks(x.contiguous(), dim, starts_of(lengths), lengths, what, counts, displs);
-  else
-    consecutive(lengths, outer_volume(root_shape, dim) * inner_volume(root_shape, dim), what,
-                counts, displs);
   if (g.size == 1) {
     out.view({-1}).copy_(staged.view({-1}).narrow(0, displs[0], counts[0]));
     return out;
@@ -525,23 +533,24 @@ at::Tensor scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
   const MPI_Datatype type = mpi_datatype(options.dtype().toScalarType());
   PARTITA_MPI_CHECK(MPI_Iscatterv(g.rank == root ? staged.data_ptr() : nullptr, counts.data(),
                                   displs.data(), type, out.data_ptr(),
-                                  mpi_count(out.numel(), what), type, root, g.comm, &req));
+                                  counts.at(g.rank), type, root, g.comm, &req));
   wait(req, what.c_str());
   return out;
 }
 
-at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
-                        int64_t scatter_dim, const std::vector<int64_t>& gextents,
-                        const std::vector<int64_t>& numelem, const std::string& what) {
-  const int p = g.size, me = g.rank;
-  const at::Tensor c = x.contiguous();
-  // Rows along scatter_dim this rank sends to each member, and receives from each.
-  std::vector<int64_t> send_at(p), send_rows(p), recv_rows(p);
+AlltoallCounts alltoall_counts(int member, at::IntArrayRef sizes, int64_t gather_dim,
+                               int64_t scatter_dim, const std::vector<int64_t>& gextents,
+                               const std::vector<int64_t>& numelem, const std::string& what) {
+  const int p = static_cast<int>(numelem.size()), me = member;
+  AlltoallCounts k;
+  k.send_at.assign(p, 0);
+  k.send_rows.assign(p, 0);
+  k.recv_rows.assign(p, 0);
   if (gather_dim != scatter_dim) {
     // Piece j of every member is rows [N_j, N_j + numelem_j).
-    send_at = starts_of(numelem);
-    send_rows = numelem;
-    recv_rows.assign(p, numelem[me]);
+    k.send_at = starts_of(numelem);
+    k.send_rows = numelem;
+    k.recv_rows.assign(p, numelem[me]);
   } else {
     // The concatenation of every member's x along the axis, re-split:
     // member i's rows [C_i, C_i + g_i) overlap member j's [N_j, N_j + n_j).
@@ -553,31 +562,59 @@ at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
       return std::max<int64_t>(0, hi - lo);
     };
     for (int j = 0; j < p; ++j) {
-      send_rows[j] = overlap(me, j, &send_at[j]);
-      recv_rows[j] = overlap(j, me, nullptr);
+      k.send_rows[j] = overlap(me, j, &k.send_at[j]);
+      k.recv_rows[j] = overlap(j, me, nullptr);
     }
   }
-  std::vector<int> scounts, sdispls, rcounts, rdispls;
-  const at::Tensor send = send_blocks(c, scatter_dim, send_at, send_rows, what, scounts, sdispls);
-  // Member i's block to this rank is its x's rows along scatter_dim, of
+  // What send_blocks hands MPI: offsets into x itself when outer is 1, else
+  // consecutive blocks of a staged copy.
+  const int64_t outer = outer_volume(sizes, scatter_dim), inner = inner_volume(sizes, scatter_dim);
+  if (outer == 1) {
+    for (int j = 0; j < p; ++j) {
+      k.sdispls.push_back(mpi_count(k.send_at[j] * inner, what));
+      k.scounts.push_back(mpi_count(k.send_rows[j] * inner, what));
+    }
+  } else {
+    block_counts(k.send_rows, outer * inner, what, k.scounts, k.sdispls);
+  }
+  // Member i's block to this member is its x's rows along scatter_dim, of
   // member i's extent along gather_dim.
+  for (int i = 0; i < p; ++i) {
+    std::vector<int64_t> sizes_i = sizes.vec();
+    if (gather_dim != scatter_dim) sizes_i[gather_dim] = gextents[i];
+    sizes_i[scatter_dim] = k.recv_rows[i];
+    k.rdispls.push_back(mpi_count(k.rtotal, what));
+    k.rcounts.push_back(mpi_count(volume(sizes_i), what));
+    k.rtotal += k.rcounts.back();
+  }
+  return k;
+}
+
+at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
+                        int64_t scatter_dim, const std::vector<int64_t>& gextents,
+                        const std::vector<int64_t>& numelem, const std::string& what) {
+  const int p = g.size, me = g.rank;
+  // Every member's counts, not only this rank's, before anything is copied
+  // or posted: one member's send of more than an int is another's receive,
+  // and a third member whose own counts fit would post and wait.
+  AlltoallCounts k;
+  for (int m = 0; m < p; ++m) {
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes[gather_dim] = gextents[m];
+    AlltoallCounts km = alltoall_counts(m, sizes, gather_dim, scatter_dim, gextents, numelem, what);
+    if (m == me) k = std::move(km);
+  }
+  const at::Tensor c = x.contiguous();
+  const at::Tensor send =
+      send_blocks(c, scatter_dim, k.send_at, k.send_rows, what, k.scounts, k.sdispls);
   std::vector<int64_t> out_sizes = c.sizes().vec();
   out_sizes[scatter_dim] = numelem[me];
-  int64_t rtotal = 0;
-  for (int i = 0; i < p; ++i) {
-    std::vector<int64_t> sizes_i = c.sizes().vec();
-    if (gather_dim != scatter_dim) sizes_i[gather_dim] = gextents[i];
-    sizes_i[scatter_dim] = recv_rows[i];
-    rdispls.push_back(mpi_count(rtotal, what));
-    rcounts.push_back(mpi_count(volume(sizes_i), what));
-    rtotal += rcounts.back();
-  }
   // (The total is not an MPI count: checking it would raise on the one rank
   // whose receipts add up to more than an int while the others post.)
   if (gather_dim != scatter_dim) out_sizes[gather_dim] = total(gextents);
-  at::Tensor recv = blocks_buffer(out_sizes, gather_dim, rtotal, c.options());
+  at::Tensor recv = blocks_buffer(out_sizes, gather_dim, k.rtotal, c.options());
   if (p == 1) {
-    recv.view({-1}).copy_(send.view({-1}).narrow(0, sdispls[0], scounts[0]));
+    recv.view({-1}).copy_(send.view({-1}).narrow(0, k.sdispls[0], k.scounts[0]));
   } else {
     MPI_Request req;
     // Equal blocks everywhere: every member sends every other the same
@@ -586,14 +623,15 @@ at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
         gather_dim != scatter_dim &&
         std::all_of(numelem.begin(), numelem.end(), [&](int64_t n) { return n == numelem[0]; }) &&
         std::all_of(gextents.begin(), gextents.end(), [&](int64_t e) { return e == gextents[0]; });
-    ialltoall_blocks(uniform, send.data_ptr(), scounts, sdispls, recv.data_ptr(), rcounts, rdispls,
+    ialltoall_blocks(uniform, send.data_ptr(), k.scounts, k.sdispls, recv.data_ptr(), k.rcounts,
+                     k.rdispls,
                      mpi_datatype(c.scalar_type()), g.comm, &req);
     wait(req, what.c_str());
   }
   // The received blocks follow each other along gather_dim (equal axes:
   // along the axis, member i's rows being recv_rows[i]).
   return from_blocks(recv, gather_dim,
-                     gather_dim != scatter_dim ? gextents : recv_rows, out_sizes);
+                     gather_dim != scatter_dim ? gextents : k.recv_rows, out_sizes);
 }
 
 }  // namespace partita::mpi::detail

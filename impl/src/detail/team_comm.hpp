@@ -162,6 +162,33 @@ at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
                         int64_t scatter_dim, const std::vector<int64_t>& gextents,
                         const std::vector<int64_t>& numelem, const std::string& what);
 
+// ---- Counts (issue 35 item 5) ----------------------------------------------
+// MPI counts and displacements are ints. Each call above first computes
+// every count and displacement it will hand MPI, from what every member of
+// the group knows alike (the agreed shapes and lengths; alltoall_dim: every
+// member's counts, not only its own), and raises a ShapeError (rule
+// input.count_overflow) from mpi_count before it copies, allocates or
+// posts anything: either every member raises or none does. These are pure
+// functions: spec_bad_inputs tests them without MPI and without data.
+
+// The elements of a tensor of `sizes` per index along `dim`.
+int64_t row_volume(at::IntArrayRef sizes, int64_t dim);
+// MPI counts and displacements of consecutive blocks of `lens[i] * row`
+// elements (raises as above if one is not an int); returns the elements in
+// all.
+int64_t block_counts(const std::vector<int64_t>& lens, int64_t row, const std::string& what,
+                     std::vector<int>& counts, std::vector<int>& displs);
+// alltoall_dim's counts and displacements for member `member`, whose
+// tensor has `sizes` (raises as above if one is not an int).
+struct AlltoallCounts {
+  std::vector<int64_t> send_at, send_rows, recv_rows;  // rows along scatter_dim
+  std::vector<int> scounts, sdispls, rcounts, rdispls;
+  int64_t rtotal = 0;  // elements received in all (not an MPI count)
+};
+AlltoallCounts alltoall_counts(int member, at::IntArrayRef sizes, int64_t gather_dim,
+                               int64_t scatter_dim, const std::vector<int64_t>& gextents,
+                               const std::vector<int64_t>& numelem, const std::string& what);
+
 // The layers' names for them, on a team.
 inline at::Tensor allreduce_team(const Partition& team, const at::Tensor& x,
                                  const std::string& what) {

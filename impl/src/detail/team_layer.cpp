@@ -69,6 +69,7 @@ std::shared_ptr<const TeamLayer::Compiled> TeamLayer::prepare(const at::Tensor& 
   const auto headers = exchange_headers(P_union, make_header(x), name.c_str());
   if (auto hit = plans.find(headers)) return hit;
   check_inputs(name, P_union, P_x, headers);
+  check_volumes_fit(name, P_union, headers);
   // The output's shape and dtype: those of the root's input (broadcast) or
   // of the team's contributors, which must agree (sum-reduce).
   Shape out_shape;

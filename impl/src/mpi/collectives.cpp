@@ -153,6 +153,7 @@ at::Tensor Communicator::bcast_(const at::Tensor& t, int root) const {
   } else if (mine.status) {
     raise_record(what, s.rank, mine);
   }
+  if (s.size > 1) mpi_count(t.numel(), what);  // before the copy (issue 35 item 5)
   at::Tensor buf = inplace_buffer(t);
   bcast_inplace(s.group(), buf, root, what);
   auto state = s_;
@@ -177,6 +178,7 @@ at::Tensor Communicator::reduce_(const at::Tensor& t, ReduceOp op, int root) con
   } else if (mine.status) {
     raise_record(what, s.rank, mine);
   }
+  if (s.size > 1) mpi_count(t.numel(), what);  // before the copy (issue 35 item 5)
   at::Tensor buf = inplace_buffer(t);
   raw_reduce(s, buf, op, root, what);
   at::Tensor out;

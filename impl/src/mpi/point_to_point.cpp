@@ -150,13 +150,15 @@ WaitHandle start(const std::shared_ptr<CommState>& state, const at::Tensor& t, i
   p->name = Pending::name_of(kind, peer, tag);
   p->sizes = t.sizes().vec();
   p->options = t.options().requires_grad(false);
+  // Before the buffer is allocated (issue 35 item 5); the peer, with a
+  // tensor of the same shape, raises alike.
+  const int n = mpi_count(t.numel(), p->what());
   {
     // The send holds the input itself (its storage is what matters; wait
     // returns a detached alias), not a detached copy of its TensorImpl.
     at::NoGradGuard no_grad;
     p->buffer = kind == Pending::kSend ? t.contiguous() : at::empty(p->sizes, p->options);
   }
-  const int n = mpi_count(p->buffer.numel(), p->what());
   const MPI_Datatype type = mpi_datatype(p->buffer.scalar_type());
   if (kind == Pending::kSend)
     PARTITA_MPI_CHECK(MPI_Isend(p->buffer.data_ptr(), n, type, peer, tag, s.comm, &p->request));

@@ -22,6 +22,7 @@ struct AllSumReduceLayer {
     const auto headers = exchange_headers(P_x, make_header(x), name.c_str());
     check_inputs(name, P_x, P_x, headers);
     check_same_shapes(name, P_x, groups, headers, "all-reduction team");
+    if (team.size() > 1) check_volumes_fit(name, P_x, headers);
     at::Tensor y;
     {
       at::NoGradGuard no_grad;
