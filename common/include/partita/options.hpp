@@ -7,6 +7,24 @@
 
 namespace partita {
 
+// Issue 34 item 2 (docs/static-shapes.md): when the ranks of a layer agree
+// on their inputs' shapes. kPerCall (the default): on every call, one small
+// collective exchange of every rank's shape, dtype and requires_grad before
+// the data moves, so that bad input raises on every rank. kStatic: the
+// caller promises that every later call passes, on every rank, a tensor of
+// the shape, dtype and requires_grad of its first call; the first call
+// agrees and checks as kPerCall does, later calls skip the exchange and
+// reuse the first call's plan. Each rank still compares its own input with
+// its own first one (no communication): a broken promise raises ShapeError
+// (rule input.static_shapes) on the ranks whose input changed, before
+// anything is posted; the other ranks are then left waiting in the data's
+// collective (deadline mode or the launcher's timeout ends it). With
+// PARTITA_CHECK_STATIC_SHAPES=1 every call exchanges again and a broken
+// promise raises on every rank. Every rank must construct the layer with
+// the same choice (the first call raises PartitionError on every rank
+// otherwise).
+enum class Shapes { kPerCall, kStatic };
+
 struct Options {
   // Reverse P_x's shape before applying the rules (the tensor is unchanged).
   bool transpose_src = false;
@@ -14,6 +32,8 @@ struct Options {
   bool transpose_dest = false;
   // Zero-volume outputs keep the input's first dimension: {batch, 0}.
   bool preserve_batch = true;
+  // Per-call agreement or static shapes (above).
+  Shapes shapes = Shapes::kPerCall;
 };
 
 // DistDL's parameters of AllGather and ReduceScatter (issue 9): the

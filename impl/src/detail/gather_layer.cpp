@@ -29,8 +29,8 @@ std::vector<PeerClaim> GatherLayer::claims(const at::Tensor& x,
 }
 
 std::shared_ptr<const GatherLayer::Compiled> GatherLayer::prepare(const at::Tensor& x) const {
-  const auto headers = exchange_headers(P_x, make_header(x), name.c_str());
-  if (auto hit = plans.find(headers)) return hit;
+  std::vector<Header> headers;
+  if (auto hit = plans.lookup(P_x, make_header(x), name, headers)) return hit;
   check_inputs(name, P_x, P_x, headers);
   // `dim` must exist; the team's inputs agree except (for a gather) along it.
   for (int u = 0; u < P_x.size(); ++u)
@@ -88,7 +88,8 @@ at::Tensor GatherLayer::forward(const at::Tensor& x) const {
   return with_adjoint(y, x, true, name, std::move(adjoint));
 }
 
-std::shared_ptr<GatherLayer> make(bool gather, const mpi::Partition& P_x, int axis, int64_t dim) {
+std::shared_ptr<GatherLayer> make(bool gather, const mpi::Partition& P_x, int axis, int64_t dim,
+                                  Shapes shapes) {
   auto l = std::make_shared<GatherLayer>();
   l->gather = gather;
   l->name = std::string(gather ? "AllGather" : "ReduceScatter") + "(P_x " + P_x.describe() +
@@ -100,6 +101,7 @@ std::shared_ptr<GatherLayer> make(bool gather, const mpi::Partition& P_x, int ax
   if (dim < 0) throw PartitionError(l->name + ": negative tensor dimension", rule_code::kGatherNegativeDim);
   l->team = P_x.create_allreduction_partition({axis});
   l->groups = teams_along(P_x, {axis});
+  l->plans.set_static_shapes(shapes == Shapes::kStatic);
   return l;
 }
 

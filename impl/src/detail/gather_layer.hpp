@@ -47,7 +47,8 @@ struct GatherLayer {
 
 // One step along partition dimension `axis`, gathering or scattering tensor
 // dimension `dim`.
-std::shared_ptr<GatherLayer> make(bool gather, const mpi::Partition& P_x, int axis, int64_t dim);
+std::shared_ptr<GatherLayer> make(bool gather, const mpi::Partition& P_x, int axis, int64_t dim,
+                                  Shapes shapes);
 
 // DistDL's axes: the partition dimensions acted on, ascending, checked.
 std::vector<int> resolve(const char* layer, const char* axes_name, const mpi::Partition& P_x,

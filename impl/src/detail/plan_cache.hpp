@@ -11,6 +11,12 @@
 // only after its checks passed on every rank (they agree or throw on all),
 // never after a failure. A plan made with checked mode off (its claims
 // never exchanged) is not reused once checked mode is on.
+//
+// Static shapes (Shapes::kStatic, docs/static-shapes.md): the cache also
+// keeps the first call's headers and plan. Later calls compare this rank's
+// header with its own first one and reuse that plan without any exchange
+// (with PARTITA_CHECK_STATIC_SHAPES=1 they exchange and compare every
+// rank's header with the first call's, on every rank).
 #pragma once
 
 #include <cstring>
@@ -20,6 +26,7 @@
 #include <vector>
 
 #include "detail/plan_check.hpp"
+#include "detail/static_shapes.hpp"
 #include "detail/team_comm.hpp"
 
 namespace partita::mpi::detail {
@@ -29,10 +36,55 @@ inline bool same_headers(const std::vector<Header>& a, const std::vector<Header>
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(Header)) == 0);
 }
 
+// The static-shapes pieces that are not templates (static_shapes.cpp).
+std::string describe_header(const Header& h);
+// exchange_headers with this rank's `promised` choice in its header: raises
+// PartitionError on every rank unless every member made the same choice.
+std::vector<Header> exchange_promised_headers(const Partition& P, Header mine, bool promised,
+                                              const std::string& what);
+// On every rank: ShapeError (input.static_shapes) for the first member
+// whose header differs from its header at the first call.
+void check_header_promise(const Partition& P, const std::string& what,
+                          const std::vector<Header>& first, const std::vector<Header>& now);
+
 template <typename Plan>
 class PlanCache {
  public:
   static constexpr size_t kEntries = 8;
+
+  // Shapes::kStatic (set once, at the layer's construction).
+  void set_static_shapes(bool on) { static_ = on; }
+
+  // A call's plan, or null after filling `headers` (then make the plan from
+  // them, check it, and insert it). Collective over P's active members
+  // unless static shapes skip the exchange.
+  std::shared_ptr<const Plan> lookup(const Partition& P, Header mine, const std::string& what,
+                                     std::vector<Header>& headers) const {
+    mine.static_shapes = static_ ? 1 : 0;
+    if (static_) {
+      std::shared_ptr<const Pin> first;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        first = pin_;
+      }
+      if (first && (first->checked || !checked_mode())) {
+        if (!check_static_shapes()) {
+          const Header& was = first->headers.at(static_cast<size_t>(P.rank()));
+          if (!same_statement(mine, was))
+            raise_broken_promise(what, "worker " + std::to_string(P.workers()[P.rank()]),
+                                 describe_header(was), describe_header(mine));
+          return first->plan;
+        }
+        headers = exchange_promised_headers(P, mine, true, what);
+        check_header_promise(P, what, first->headers, headers);
+        return first->plan;
+      }
+    }
+    headers = exchange_promised_headers(P, mine, static_, what);
+    auto hit = find(headers);
+    if (hit && static_) pin(headers, hit);
+    return hit;
+  }
 
   // The plan made from these headers, or null (then make it, check it, and
   // insert it).
@@ -57,10 +109,24 @@ class PlanCache {
         break;
       }
     if (entries_.size() == kEntries) entries_.pop_back();
-    entries_.insert(entries_.begin(), Entry{headers, std::move(plan), checked_mode()});
+    entries_.insert(entries_.begin(), Entry{headers, plan, checked_mode()});
+    if (static_) pin_ = std::make_shared<const Pin>(Pin{headers, std::move(plan), checked_mode()});
   }
 
  private:
+  // The first call's headers and plan under static shapes.
+  struct Pin {
+    std::vector<Header> headers;
+    std::shared_ptr<const Plan> plan;
+    bool checked = false;
+  };
+  void pin(const std::vector<Header>& headers, std::shared_ptr<const Plan> plan) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pin_ = std::make_shared<const Pin>(Pin{headers, std::move(plan), checked_mode()});
+  }
+  bool static_ = false;
+  mutable std::shared_ptr<const Pin> pin_;
+
   struct Entry {
     std::vector<Header> headers;
     std::shared_ptr<const Plan> plan;

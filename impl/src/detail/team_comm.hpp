@@ -23,6 +23,9 @@ struct Header {
   int64_t status = kOk;
   int64_t dtype = 0;
   int64_t requires_grad = 0;
+  // 1 on the ranks of a layer made with Shapes::kStatic (docs/static-shapes.md):
+  // every rank must say the same.
+  int64_t static_shapes = 0;
   int64_t ndim = 0;
   int64_t dims[kMaxTensorDims] = {0};
 

@@ -28,6 +28,7 @@ TeamLayer::TeamLayer(Kind k, const mpi::Partition& px, const mpi::Partition& py,
                                : mpi::reduction_teams(px, py, o.transpose_src, o.transpose_dest);
   P_union = px.create_partition_union(py);
   for (const auto& t : teams) contributors.push_back(t.paired);
+  plans.set_static_shapes(o.shapes == Shapes::kStatic);
   for (const auto& t : teams)
     if (P_recv.active() && t.workers() == P_recv.workers())
       y_source = k == Kind::Broadcast ? t.root : t.paired.at(0);
@@ -66,8 +67,8 @@ std::vector<PeerClaim> TeamLayer::claims(const at::Tensor& x, const Shape& out_s
 }
 
 std::shared_ptr<const TeamLayer::Compiled> TeamLayer::prepare(const at::Tensor& x) const {
-  const auto headers = exchange_headers(P_union, make_header(x), name.c_str());
-  if (auto hit = plans.find(headers)) return hit;
+  std::vector<Header> headers;
+  if (auto hit = plans.lookup(P_union, make_header(x), name, headers)) return hit;
   check_inputs(name, P_union, P_x, headers);
   check_volumes_fit(name, P_union, headers);
   // The output's shape and dtype: those of the root's input (broadcast) or

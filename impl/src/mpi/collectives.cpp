@@ -119,14 +119,14 @@ at::Tensor bcast_from(const CommState& s, const at::Tensor& x, int root, const s
 
 }  // namespace
 
-at::Tensor Communicator::allreduce(const at::Tensor& t, ReduceOp op) const {
+at::Tensor Communicator::allreduce(const at::Tensor& t, ReduceOp op, const StaticShapes& shapes) const {
   const CommState& s = state_of(s_, "allreduce");
   const std::string what = call_name("allreduce", std::string("op ") + op_name(op));
   Record mine = make_record(t);
   mine.p[0] = static_cast<int64_t>(op);
   check_op(mine, op);
   if (checked_mode()) {
-    check_same(exchange_records(s, mine, what), what, "operations");
+    check_same(exchange_records(s, mine, what, "allreduce", shapes), what, "operations");
   } else if (mine.status) {
     raise_record(what, s.rank, mine);
   }
@@ -142,14 +142,14 @@ at::Tensor Communicator::allreduce(const at::Tensor& t, ReduceOp op) const {
   });
 }
 
-at::Tensor Communicator::bcast_(const at::Tensor& t, int root) const {
+at::Tensor Communicator::bcast_(const at::Tensor& t, int root, const StaticShapes& shapes) const {
   const CommState& s = state_of(s_, "bcast_");
   const std::string what = call_name("bcast_", "root " + std::to_string(root));
   Record mine = make_record(t);
   mine.p[0] = root;
   check_root(mine, root, s.size);
   if (checked_mode()) {
-    check_same(exchange_records(s, mine, what), what, "roots");
+    check_same(exchange_records(s, mine, what, "bcast_", shapes), what, "roots");
   } else if (mine.status) {
     raise_record(what, s.rank, mine);
   }
@@ -164,7 +164,8 @@ at::Tensor Communicator::bcast_(const at::Tensor& t, int root) const {
   return out;
 }
 
-at::Tensor Communicator::reduce_(const at::Tensor& t, ReduceOp op, int root) const {
+at::Tensor Communicator::reduce_(const at::Tensor& t, ReduceOp op, int root,
+                                 const StaticShapes& shapes) const {
   const CommState& s = state_of(s_, "reduce_");
   const std::string what =
       call_name("reduce_", std::string("op ") + op_name(op) + ", root " + std::to_string(root));
@@ -174,7 +175,7 @@ at::Tensor Communicator::reduce_(const at::Tensor& t, ReduceOp op, int root) con
   check_root(mine, root, s.size);
   check_op(mine, op);
   if (checked_mode()) {
-    check_same(exchange_records(s, mine, what), what, "roots or operations");
+    check_same(exchange_records(s, mine, what, "reduce_", shapes), what, "roots or operations");
   } else if (mine.status) {
     raise_record(what, s.rank, mine);
   }
@@ -194,7 +195,8 @@ at::Tensor Communicator::reduce_(const at::Tensor& t, ReduceOp op, int root) con
   return out;
 }
 
-at::Tensor Communicator::gather(const at::Tensor& t, int64_t axis, int root) const {
+at::Tensor Communicator::gather(const at::Tensor& t, int64_t axis, int root,
+                                const StaticShapes& shapes) const {
   const CommState& s = state_of(s_, "gather");
   const std::string what =
       call_name("gather", "axis " + std::to_string(axis) + ", root " + std::to_string(root));
@@ -203,7 +205,7 @@ at::Tensor Communicator::gather(const at::Tensor& t, int64_t axis, int root) con
   mine.p[1] = axis;
   check_axis(mine, axis, 2);
   check_root(mine, root, s.size);
-  const auto all = exchange_records(s, mine, what);
+  const auto all = exchange_records(s, mine, what, "gather", shapes);
   check_shapes_but(all, what, axis);
   std::vector<int64_t> extents;
   for (const auto& r : all) extents.push_back(r.dims[axis]);
@@ -226,13 +228,14 @@ at::Tensor Communicator::gather(const at::Tensor& t, int64_t axis, int root) con
                 });
 }
 
-at::Tensor Communicator::allgather(const at::Tensor& t, int64_t axis) const {
+at::Tensor Communicator::allgather(const at::Tensor& t, int64_t axis,
+                                   const StaticShapes& shapes) const {
   const CommState& s = state_of(s_, "allgather");
   const std::string what = call_name("allgather", "axis " + std::to_string(axis));
   Record mine = make_record(t);
   mine.p[1] = axis;
   check_axis(mine, axis, 2);
-  const auto all = exchange_records(s, mine, what);
+  const auto all = exchange_records(s, mine, what, "allgather", shapes);
   check_shapes_but(all, what, axis);
   std::vector<int64_t> extents;
   for (const auto& r : all) extents.push_back(r.dims[axis]);
@@ -247,8 +250,8 @@ at::Tensor Communicator::allgather(const at::Tensor& t, int64_t axis) const {
   });
 }
 
-at::Tensor Communicator::scatter(const at::Tensor& t, int64_t axis, int64_t numelem,
-                                 int root) const {
+at::Tensor Communicator::scatter(const at::Tensor& t, int64_t axis, int64_t numelem, int root,
+                                 const StaticShapes& shapes) const {
   const CommState& s = state_of(s_, "scatter");
   const std::string what = call_name("scatter", "axis " + std::to_string(axis) + ", numelem " +
                                                     std::to_string(numelem) + ", root " +
@@ -261,7 +264,7 @@ at::Tensor Communicator::scatter(const at::Tensor& t, int64_t axis, int64_t nume
   if (!mine.status && numelem < 0) mine.status = Record::kBadNumelem;
   // Only the root's tensor is split: only its axis must exist.
   if (s.rank == root) check_axis(mine, axis, 1);
-  const auto all = exchange_records(s, mine, what);
+  const auto all = exchange_records(s, mine, what, "scatter", shapes);
   for (int i = 0; i < s.size; ++i)
     if (all[i].p[0] != root || all[i].p[1] != axis)
       throw ShapeError(what + ": rank " + std::to_string(i) +
@@ -293,7 +296,7 @@ at::Tensor Communicator::scatter(const at::Tensor& t, int64_t axis, int64_t nume
 }
 
 at::Tensor Communicator::alltoall(const at::Tensor& t, int64_t gather_axis, int64_t scatter_axis,
-                                  int64_t numelem) const {
+                                  int64_t numelem, const StaticShapes& shapes) const {
   const CommState& s = state_of(s_, "alltoall");
   const std::string what = call_name(
       "alltoall", "gather_axis " + std::to_string(gather_axis) + ", scatter_axis " +
@@ -305,7 +308,7 @@ at::Tensor Communicator::alltoall(const at::Tensor& t, int64_t gather_axis, int6
   check_axis(mine, gather_axis, 2);
   check_axis(mine, scatter_axis, 1);
   if (!mine.status && numelem < 0) mine.status = Record::kBadNumelem;
-  const auto all = exchange_records(s, mine, what);
+  const auto all = exchange_records(s, mine, what, "alltoall", shapes);
   check_shapes_but(all, what, gather_axis, scatter_axis);
   std::vector<int64_t> gextents, numelems;
   int64_t sum_n = 0, sum_g = 0;

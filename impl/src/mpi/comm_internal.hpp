@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,7 @@ struct Record {
   };
   int64_t status = kOk;
   int64_t dtype = 0;
+  int64_t static_shapes = 0;  // 1: the call passed a StaticShapes promise
   int64_t ndim = 0;
   int64_t dims[kMaxTensorDims] = {0};
   int64_t p[4] = {0, 0, 0, 0};  // per call: see each call
@@ -83,6 +85,22 @@ void check_op(Record& r, ReduceOp op);
 // raises ShapeError naming the lowest such rank and its problem.
 std::vector<Record> exchange_records(const CommState& s, const Record& mine,
                                      const std::string& what);
+
+// A call site's first records (StaticShapes, docs/static-shapes.md).
+struct StaticSite {
+  std::mutex mutex;
+  std::vector<Record> first;  // every rank's, from the site's first call; empty before it
+  MPI_Comm comm = MPI_COMM_NULL;
+  const char* call = nullptr;  // which call (a site serves one call)
+};
+// exchange_records under the site's promise: the first call exchanges (and
+// raises on every rank unless every rank passed a promise, or none did);
+// later calls compare this rank's record with its first one and return the
+// first call's records without communication (or, with
+// PARTITA_CHECK_STATIC_SHAPES=1, exchange and compare every rank's on
+// every rank). A site used for another call or communicator raises Error.
+std::vector<Record> exchange_records(const CommState& s, Record mine, const std::string& what,
+                                     const char* call, const StaticShapes& shapes);
 
 // The MPI op (the datatype is detail::mpi_datatype, bool included).
 MPI_Op comm_op(ReduceOp op, at::ScalarType t);

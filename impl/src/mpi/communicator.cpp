@@ -7,9 +7,11 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <climits>
+#include <cstring>
 #include <sstream>
 
 #include "comm_internal.hpp"
+#include "detail/static_shapes.hpp"
 #include "detail/team_comm.hpp"
 #include "partita/errors.hpp"
 #include "partita/mpi/runtime.hpp"
@@ -72,6 +74,12 @@ Communicator Communicator::dup() const {
   c.s_ = make_state(*owned);
   c.s_->owned = owned;
   return c;
+}
+
+StaticShapes StaticShapes::promise() {
+  StaticShapes s;
+  s.s_ = std::make_shared<detail::StaticSite>();
+  return s;
 }
 
 bool Communicator::valid() const { return static_cast<bool>(s_); }
@@ -194,6 +202,59 @@ std::vector<Record> exchange_records(const CommState& s, const Record& mine,
   wait(req, (what + " (shapes)").c_str());
   for (int i = 0; i < s.size; ++i)
     if (all[i].status != Record::kOk) raise_record(what, i, all[i]);
+  for (int i = 1; i < s.size; ++i)
+    if (all[i].static_shapes != all[0].static_shapes)
+      throw ShapeError(what + ": rank " + std::to_string(all[0].static_shapes ? 0 : i) +
+                       " passed a StaticShapes promise, rank " +
+                       std::to_string(all[0].static_shapes ? i : 0) +
+                       " did not (every rank must pass one, or none)");
+  return all;
+}
+
+namespace {
+std::string describe_record(const Record& r) {
+  std::string s = r.status == Record::kOk
+                      ? "a " + dtype_string(static_cast<at::ScalarType>(r.dtype)) +
+                            " tensor of shape " + shape_string(r.shape())
+                      : "arguments refused by the checks (status " + std::to_string(r.status) + ")";
+  s += " with arguments (" + std::to_string(r.p[0]) + ", " + std::to_string(r.p[1]) + ", " +
+       std::to_string(r.p[3]) + ")";
+  if (!r.static_shapes) s += " without a promise";
+  return s;
+}
+}  // namespace
+
+std::vector<Record> exchange_records(const CommState& s, Record mine, const std::string& what,
+                                     const char* call, const StaticShapes& shapes) {
+  StaticSite* site = shapes.site();
+  if (!site) return exchange_records(s, mine, what);
+  mine.static_shapes = 1;
+  std::vector<Record> first;
+  {
+    std::lock_guard<std::mutex> lock(site->mutex);
+    if (site->call && (std::strcmp(site->call, call) != 0 || site->comm != s.comm))
+      throw Error(what + ": this StaticShapes promise was made at a call of " + site->call +
+                  (std::strcmp(site->call, call) == 0 ? " on another communicator" : "") +
+                  "; give each call site its own");
+    first = site->first;
+  }
+  if (!first.empty()) {
+    if (!check_static_shapes()) {
+      if (!same_statement(mine, first.at(s.rank)))
+        raise_broken_promise(what, "rank " + std::to_string(s.rank), describe_record(first[s.rank]),
+                             describe_record(mine));
+      return first;
+    }
+    auto all = exchange_records(s, mine, what);
+    check_promise(what, first, all, describe_record,
+                  [](size_t i) { return "rank " + std::to_string(i); });
+    return all;
+  }
+  auto all = exchange_records(s, mine, what);
+  std::lock_guard<std::mutex> lock(site->mutex);
+  site->first = all;
+  site->comm = s.comm;
+  site->call = call;
   return all;
 }
 

@@ -9,11 +9,11 @@ namespace partita::nn {
 
 namespace functional {
 
-AllGatherPlan::AllGatherPlan(const mpi::Partition& P_x, int axis, int64_t dim)
-    : steps_{detail::make(true, P_x, axis, dim)} {}
-AllGatherPlan::AllGatherPlan(const mpi::Partition& P_x, const GatherAxes& axes) {
+AllGatherPlan::AllGatherPlan(const mpi::Partition& P_x, int axis, int64_t dim, Shapes shapes)
+    : steps_{detail::make(true, P_x, axis, dim, shapes)} {}
+AllGatherPlan::AllGatherPlan(const mpi::Partition& P_x, const GatherAxes& axes, Shapes shapes) {
   for (int d : detail::resolve("AllGather", "axes_all_gather", P_x, axes))
-    steps_.push_back(detail::make(true, P_x, d, d));
+    steps_.push_back(detail::make(true, P_x, d, d, shapes));
   for (int d : axes.scale_backward) scale_backward_ *= static_cast<double>(P_x.shape()[d]);
 }
 at::Tensor all_gather(const at::Tensor& x, const AllGatherPlan& plan) {
@@ -30,10 +30,10 @@ at::Tensor all_gather(const at::Tensor& x, const AllGatherPlan& plan) {
 
 }  // namespace functional
 
-AllGatherImpl::AllGatherImpl(const mpi::Partition& P_x, int axis, int64_t dim)
-    : plan_(P_x, axis, dim) {}
-AllGatherImpl::AllGatherImpl(const mpi::Partition& P_x, const GatherAxes& axes)
-    : plan_(P_x, axes) {}
+AllGatherImpl::AllGatherImpl(const mpi::Partition& P_x, int axis, int64_t dim, Shapes shapes)
+    : plan_(P_x, axis, dim, shapes) {}
+AllGatherImpl::AllGatherImpl(const mpi::Partition& P_x, const GatherAxes& axes, Shapes shapes)
+    : plan_(P_x, axes, shapes) {}
 torch::Tensor AllGatherImpl::forward(const torch::Tensor& x) {
   return functional::all_gather(x, plan_);
 }

@@ -4,6 +4,7 @@
 
 
 #include "detail/layer_checks.hpp"
+#include "detail/plan_cache.hpp"
 #include "detail/team_comm.hpp"
 
 namespace partita::nn {
@@ -16,13 +17,28 @@ struct AllSumReduceLayer {
   std::string name, adjoint_name;  // both made once, not per call
   mpi::Partition P_x, team;
   std::vector<Ranks> groups;  // every team, world ranks
+  // A call's plan (detail/plan_cache.hpp): the checks passed, and whether
+  // the adjoint is attached.
+  struct Compiled {
+    bool attach = false;
+  };
+  PlanCache<Compiled> plans;
 
-  at::Tensor forward(const at::Tensor& x) const {
-    if (!P_x.active()) return x.clone();
-    const auto headers = exchange_headers(P_x, make_header(x), name.c_str());
+  std::shared_ptr<const Compiled> prepare(const at::Tensor& x) const {
+    std::vector<Header> headers;
+    if (auto hit = plans.lookup(P_x, make_header(x), name, headers)) return hit;
     check_inputs(name, P_x, P_x, headers);
     check_same_shapes(name, P_x, groups, headers, "all-reduction team");
     if (team.size() > 1) check_volumes_fit(name, P_x, headers);
+    auto c = std::make_shared<Compiled>();
+    c->attach = any_requires_grad(headers);
+    plans.insert(headers, c);
+    return c;
+  }
+
+  at::Tensor forward(const at::Tensor& x) const {
+    if (!P_x.active()) return x.clone();
+    const bool attach = prepare(x)->attach;
     at::Tensor y;
     {
       at::NoGradGuard no_grad;
@@ -30,7 +46,7 @@ struct AllSumReduceLayer {
     }
     // (with_adjoint returns y as it is when no node is attached: the
     // adjoint's closure is only built when one is.)
-    if (!any_requires_grad(headers)) return y;
+    if (!attach) return y;
     return with_adjoint(y, x, true, name,
                         [t = team, what = adjoint_name](const at::Tensor& gy) {
                           return allreduce_team(t, gy, what);
@@ -42,7 +58,8 @@ struct AllSumReduceLayer {
 
 namespace functional {
 
-AllSumReducePlan::AllSumReducePlan(const mpi::Partition& P_x, std::vector<int> axes) {
+AllSumReducePlan::AllSumReducePlan(const mpi::Partition& P_x, std::vector<int> axes,
+                                   Shapes shapes) {
   auto l = std::make_shared<detail::AllSumReduceLayer>();
   l->name = "AllSumReduce(P_x " + P_x.describe() + " over dimensions {" +
             list_string(Ranks(axes.begin(), axes.end())) + "})";
@@ -50,6 +67,7 @@ AllSumReducePlan::AllSumReducePlan(const mpi::Partition& P_x, std::vector<int> a
   l->P_x = P_x;
   l->team = P_x.create_allreduction_partition(axes);
   l->groups = detail::teams_along(P_x, axes);  // for the shape checks
+  l->plans.set_static_shapes(shapes == Shapes::kStatic);
   layer_ = l;
 }
 
@@ -60,8 +78,9 @@ at::Tensor all_sum_reduce(const at::Tensor& x, const AllSumReducePlan& plan) {
 
 }  // namespace functional
 
-AllSumReduceImpl::AllSumReduceImpl(const mpi::Partition& P_x, std::vector<int> axes)
-    : plan_(P_x, std::move(axes)) {}
+AllSumReduceImpl::AllSumReduceImpl(const mpi::Partition& P_x, std::vector<int> axes,
+                                   Shapes shapes)
+    : plan_(P_x, std::move(axes), shapes) {}
 torch::Tensor AllSumReduceImpl::forward(const torch::Tensor& x) {
   return functional::all_sum_reduce(x, plan_);
 }

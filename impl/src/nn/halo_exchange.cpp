@@ -211,8 +211,8 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
   // The headers of this call and the plan made from them (made, checked and
   // cached on the first call with these headers).
   std::shared_ptr<const HaloPlan> prepare(const Header& mine) const {
-    const auto headers = exchange_headers(P_x, mine, name.c_str());
-    if (auto hit = plans.find(headers)) return hit;
+    std::vector<Header> headers;
+    if (auto hit = plans.lookup(P_x, mine, name, headers)) return hit;
     check_inputs(name, P_x, P_x, headers);
     auto p = std::make_shared<HaloPlan>();
     p->steps = plan(headers);
@@ -289,8 +289,10 @@ using mpi::detail::Fingerprint;
 
 namespace functional {
 
-HaloExchangePlan::HaloExchangePlan(const mpi::Partition& P_x, Shape left, Shape right) {
+HaloExchangePlan::HaloExchangePlan(const mpi::Partition& P_x, Shape left, Shape right,
+                                   Shapes shapes) {
   auto l = std::make_shared<detail::HaloLayer>();
+  l->plans.set_static_shapes(shapes == Shapes::kStatic);
   l->name = "HaloExchange(P_x " + P_x.describe() + ", left [" + list_string(left) + "], right [" +
             list_string(right) + "])";
   l->adjoint_name = l->name + " adjoint";
@@ -323,8 +325,8 @@ at::Tensor halo_exchange_(const at::Tensor& x, const HaloExchangePlan& plan) {
 }  // namespace functional
 
 HaloExchangeImpl::HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape right,
-                                   Storage storage)
-    : plan_(P_x, std::move(left), std::move(right)), storage_(storage) {}
+                                   Storage storage, Shapes shapes)
+    : plan_(P_x, std::move(left), std::move(right), shapes), storage_(storage) {}
 torch::Tensor HaloExchangeImpl::forward(const torch::Tensor& x) {
   return storage_ == Storage::kInPlace ? functional::halo_exchange_(x, plan_)
                                        : functional::halo_exchange(x, plan_);

@@ -10,14 +10,16 @@ namespace partita::nn {
 
 namespace functional {
 
-ReduceScatterPlan::ReduceScatterPlan(const mpi::Partition& P_x, int axis, int64_t dim)
-    : steps_{detail::make(false, P_x, axis, dim)} {}
-ReduceScatterPlan::ReduceScatterPlan(const mpi::Partition& P_x, const GatherAxes& axes) {
+ReduceScatterPlan::ReduceScatterPlan(const mpi::Partition& P_x, int axis, int64_t dim,
+                                     Shapes shapes)
+    : steps_{detail::make(false, P_x, axis, dim, shapes)} {}
+ReduceScatterPlan::ReduceScatterPlan(const mpi::Partition& P_x, const GatherAxes& axes,
+                                     Shapes shapes) {
   if (!axes.scale_backward.empty())
     throw PartitionError("ReduceScatter(P_x " + P_x.describe() +
                          "): scale_backward is AllGather's parameter", rule_code::kScaleBackward);
   for (int d : detail::resolve("ReduceScatter", "axes_reduce_scatter", P_x, axes))
-    steps_.push_back(detail::make(false, P_x, d, d));
+    steps_.push_back(detail::make(false, P_x, d, d, shapes));
 }
 at::Tensor reduce_scatter(const at::Tensor& x, const ReduceScatterPlan& plan) {
   return detail::run(plan.steps_, x);
@@ -25,10 +27,12 @@ at::Tensor reduce_scatter(const at::Tensor& x, const ReduceScatterPlan& plan) {
 
 }  // namespace functional
 
-ReduceScatterImpl::ReduceScatterImpl(const mpi::Partition& P_x, int axis, int64_t dim)
-    : plan_(P_x, axis, dim) {}
-ReduceScatterImpl::ReduceScatterImpl(const mpi::Partition& P_x, const GatherAxes& axes)
-    : plan_(P_x, axes) {}
+ReduceScatterImpl::ReduceScatterImpl(const mpi::Partition& P_x, int axis, int64_t dim,
+                                     Shapes shapes)
+    : plan_(P_x, axis, dim, shapes) {}
+ReduceScatterImpl::ReduceScatterImpl(const mpi::Partition& P_x, const GatherAxes& axes,
+                                     Shapes shapes)
+    : plan_(P_x, axes, shapes) {}
 torch::Tensor ReduceScatterImpl::forward(const torch::Tensor& x) {
   return functional::reduce_scatter(x, plan_);
 }

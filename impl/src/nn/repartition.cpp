@@ -192,8 +192,8 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
   PlanCache<Compiled> plans;
 
   std::shared_ptr<const Compiled> prepare(const at::Tensor& x) const {
-    const auto headers = exchange_headers(P_union, make_header(x), name.c_str());
-    if (auto hit = plans.find(headers)) return hit;
+    std::vector<Header> headers;
+    if (auto hit = plans.lookup(P_union, make_header(x), name, headers)) return hit;
     check_inputs(name, P_union, P_x, headers);
     auto c = std::make_shared<Compiled>();
     c->p = plan(headers);
@@ -276,8 +276,9 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
 namespace functional {
 
 RepartitionPlan::RepartitionPlan(const mpi::Partition& P_x, const mpi::Partition& P_y,
-                                 RepartitionExchange how) {
+                                 RepartitionExchange how, Shapes shapes) {
   auto l = std::make_shared<detail::RepartitionLayer>();
+  l->plans.set_static_shapes(shapes == Shapes::kStatic);
   l->how = how;
   l->name = "Repartition(P_x " + P_x.describe() + " -> P_y " + P_y.describe() + ")";
   l->adjoint_name = l->name + " adjoint";
@@ -296,8 +297,8 @@ at::Tensor repartition(const at::Tensor& x, const RepartitionPlan& plan) {
 }  // namespace functional
 
 RepartitionImpl::RepartitionImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
-                                 RepartitionExchange how)
-    : plan_(P_x, P_y, how) {}
+                                 RepartitionExchange how, Shapes shapes)
+    : plan_(P_x, P_y, how, shapes) {}
 torch::Tensor RepartitionImpl::forward(const torch::Tensor& x) {
   return functional::repartition(x, plan_);
 }

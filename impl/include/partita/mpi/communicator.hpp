@@ -49,7 +49,38 @@ namespace partita::mpi {
 namespace detail {
 struct CommState;
 struct Pending;
+struct StaticSite;
 }  // namespace detail
+
+// Issue 34 item 2 (docs/static-shapes.md): a call site's promise that every
+// call made with it passes, on every rank, a tensor of the dtype and shape
+// and the same arguments (root, axes, numelem, op) as its first call. The
+// first call exchanges and checks every rank's shape as without it; later
+// calls skip that exchange. Each rank still compares its own call with its
+// own first one (no communication): a broken promise raises ShapeError
+// (rule input.static_shapes) on the ranks whose call changed, and the
+// others are left waiting in the data's collective (deadline mode or the
+// launcher's timeout ends it). With PARTITA_CHECK_STATIC_SHAPES=1 every
+// call exchanges again and a broken promise raises on every rank.
+//
+//   auto site = mpi::StaticShapes::promise();   // once, before the loop
+//   for (...) y = comm.alltoall(x, 0, 1, n, site);
+//
+// One object per call site: a site serves one kind of call on one
+// communicator. Every rank must pass a promise to the same calls (the
+// first call raises on every rank otherwise). A default-made StaticShapes
+// promises nothing (every call agrees: the default).
+class StaticShapes {
+ public:
+  StaticShapes() = default;
+  static StaticShapes promise();
+  bool promised() const { return static_cast<bool>(s_); }
+  // Internal.
+  detail::StaticSite* site() const { return s_.get(); }
+
+ private:
+  std::shared_ptr<detail::StaticSite> s_;
+};
 
 // What isend and irecv return: the pending request, and a dummy tensor that
 // carries the call's place in the autograd graph (mpi4torch's
@@ -93,25 +124,29 @@ class Communicator {
   MPI_Comm comm() const;
 
   // -- collectives -----------------------------------------------------------
-  at::Tensor allreduce(const at::Tensor& t, ReduceOp op) const;
+  // (Each takes an optional StaticShapes promise, above.)
+  at::Tensor allreduce(const at::Tensor& t, ReduceOp op, const StaticShapes& shapes = {}) const;
   // In place: the root's t is sent; every rank's result holds it.
-  at::Tensor bcast_(const at::Tensor& t, int root) const;
+  at::Tensor bcast_(const at::Tensor& t, int root, const StaticShapes& shapes = {}) const;
   // In place: the root's result holds the reduction; elsewhere zeros.
-  at::Tensor reduce_(const at::Tensor& t, ReduceOp op, int root) const;
+  at::Tensor reduce_(const at::Tensor& t, ReduceOp op, int root,
+                     const StaticShapes& shapes = {}) const;
   // The root gets every rank's t concatenated along `axis` (extents along it
   // may differ per rank); elsewhere a tensor of extent 0 along `axis`.
-  at::Tensor gather(const at::Tensor& t, int64_t axis, int root) const;
-  at::Tensor allgather(const at::Tensor& t, int64_t axis) const;
+  at::Tensor gather(const at::Tensor& t, int64_t axis, int root,
+                    const StaticShapes& shapes = {}) const;
+  at::Tensor allgather(const at::Tensor& t, int64_t axis, const StaticShapes& shapes = {}) const;
   // The root's t is split along `axis` into pieces of each rank's `numelem`
   // (they must add up to its extent); other ranks' t only gives the graph
   // edge (mpi4torch passes any tensor there).
-  at::Tensor scatter(const at::Tensor& t, int64_t axis, int64_t numelem, int root) const;
+  at::Tensor scatter(const at::Tensor& t, int64_t axis, int64_t numelem, int root,
+                     const StaticShapes& shapes = {}) const;
   // Every rank splits t along `scatter_axis` into pieces of each rank's
   // `numelem` and sends piece j to rank j, which concatenates what it gets
   // along `gather_axis`. With equal axes: the concatenation of every rank's
   // t along that axis, re-split into pieces of `numelem`.
   at::Tensor alltoall(const at::Tensor& t, int64_t gather_axis, int64_t scatter_axis,
-                      int64_t numelem) const;
+                      int64_t numelem, const StaticShapes& shapes = {}) const;
 
   // -- point to point --------------------------------------------------------
   // 0 <= tag < max_tag(); the adjoint messages use tags above max_tag().

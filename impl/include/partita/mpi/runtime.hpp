@@ -77,6 +77,15 @@ long deadline_misses();
 // it never finish). Partitions made before keep their old communicators.
 void renew_world();
 
+// The debug setting of static shapes (issue 34 item 2, docs/static-shapes.md):
+// PARTITA_CHECK_STATIC_SHAPES=1 at start-up, or set_check_static_shapes(true),
+// makes every call of a layer or call site with static shapes exchange and
+// compare every rank's shapes with its first call's, so that a broken
+// promise raises ShapeError on every rank. Off by default. Must be the same
+// on every rank of a call.
+bool check_static_shapes();
+void set_check_static_shapes(bool on);
+
 // Throws partita::MpiError naming the call, the file and line, and MPI's text.
 void check(int code, const char* call, const char* file, int line);
 

@@ -27,13 +27,13 @@ namespace partita::nn {
 
 class AllGatherImpl : public torch::nn::Module {
  public:
-  AllGatherImpl(const mpi::Partition& P_x, int axis, int64_t dim);
+  AllGatherImpl(const mpi::Partition& P_x, int axis, int64_t dim, Shapes shapes = Shapes::kPerCall);
   // DistDL's form: AllGather(P_x, {.axes = {0}}) or {.axes_keep = {1}}; the
   // dimensions listed are gathered one after the other (ascending), and
   // backward divides by the scale_backward extents (without touching the
   // caller's gradient). Errors (neither or both given, a dimension out of
   // range or repeated) raise PartitionError on every rank.
-  AllGatherImpl(const mpi::Partition& P_x, const GatherAxes& axes);
+  AllGatherImpl(const mpi::Partition& P_x, const GatherAxes& axes, Shapes shapes = Shapes::kPerCall);
   torch::Tensor forward(const torch::Tensor& x);
   const functional::AllGatherPlan& plan() const { return plan_; }
 

@@ -22,7 +22,8 @@ namespace partita::nn {
 
 class AllSumReduceImpl : public torch::nn::Module {
  public:
-  AllSumReduceImpl(const mpi::Partition& P_x, std::vector<int> axes);
+  AllSumReduceImpl(const mpi::Partition& P_x, std::vector<int> axes,
+                   Shapes shapes = Shapes::kPerCall);
   torch::Tensor forward(const torch::Tensor& x);
 
   const mpi::Partition& team() const { return plan_.team(); }

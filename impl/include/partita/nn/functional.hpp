@@ -5,7 +5,11 @@
 // run the same code.
 //
 // A plan is what a primitive needs before it can move data: the teams and
-// their communicators, built once. Constructing one is collective exactly
+// their communicators, built once. Every plan takes a `Shapes` choice
+// (partita/options.hpp; Options::shapes for broadcast and sum-reduce):
+// Shapes::kStatic promises that later calls repeat the first call's
+// shapes, dtypes and requires_grad, and skips their per-call agreement
+// (docs/static-shapes.md). Constructing one is collective exactly
 // as constructing the module is (the module's header says over whom);
 // calling the function is collective over the ranks the module's call is.
 // Plans are cheap handles (copies share the communicators) and stay valid
@@ -70,7 +74,7 @@ at::Tensor sum_reduce(const at::Tensor& x, const SumReducePlan& plan);
 // P_x's active members).
 class AllSumReducePlan {
  public:
-  AllSumReducePlan(const mpi::Partition& P_x, std::vector<int> axes);
+  AllSumReducePlan(const mpi::Partition& P_x, std::vector<int> axes, Shapes shapes = Shapes::kPerCall);
   const mpi::Partition& team() const;
  private:
   friend at::Tensor all_sum_reduce(const at::Tensor& x, const AllSumReducePlan& plan);
@@ -83,8 +87,8 @@ at::Tensor all_sum_reduce(const at::Tensor& x, const AllSumReducePlan& plan);
 // (axes_all_gather or axes_keep, scale_backward).
 class AllGatherPlan {
  public:
-  AllGatherPlan(const mpi::Partition& P_x, int axis, int64_t dim);
-  AllGatherPlan(const mpi::Partition& P_x, const GatherAxes& axes);
+  AllGatherPlan(const mpi::Partition& P_x, int axis, int64_t dim, Shapes shapes = Shapes::kPerCall);
+  AllGatherPlan(const mpi::Partition& P_x, const GatherAxes& axes, Shapes shapes = Shapes::kPerCall);
   double scale_backward() const { return scale_backward_; }
  private:
   friend at::Tensor all_gather(const at::Tensor& x, const AllGatherPlan& plan);
@@ -97,8 +101,8 @@ at::Tensor all_gather(const at::Tensor& x, const AllGatherPlan& plan);
 // scale_backward must be empty.
 class ReduceScatterPlan {
  public:
-  ReduceScatterPlan(const mpi::Partition& P_x, int axis, int64_t dim);
-  ReduceScatterPlan(const mpi::Partition& P_x, const GatherAxes& axes);
+  ReduceScatterPlan(const mpi::Partition& P_x, int axis, int64_t dim, Shapes shapes = Shapes::kPerCall);
+  ReduceScatterPlan(const mpi::Partition& P_x, const GatherAxes& axes, Shapes shapes = Shapes::kPerCall);
  private:
   friend at::Tensor reduce_scatter(const at::Tensor& x, const ReduceScatterPlan& plan);
   std::vector<std::shared_ptr<const detail::GatherLayer>> steps_;
@@ -111,7 +115,8 @@ at::Tensor reduce_scatter(const at::Tensor& x, const ReduceScatterPlan& plan);
 class RepartitionPlan {
  public:
   RepartitionPlan(const mpi::Partition& P_x, const mpi::Partition& P_y,
-                  RepartitionExchange how = RepartitionExchange::kPointToPoint);
+                  RepartitionExchange how = RepartitionExchange::kPointToPoint,
+                  Shapes shapes = Shapes::kPerCall);
  private:
   friend at::Tensor repartition(const at::Tensor& x, const RepartitionPlan& plan);
   std::shared_ptr<const detail::RepartitionLayer> layer_;
@@ -126,7 +131,7 @@ inline at::Tensor transpose(const at::Tensor& x, const TransposePlan& plan) {
 // over P_x's active members; the widths must agree).
 class HaloExchangePlan {
  public:
-  HaloExchangePlan(const mpi::Partition& P_x, Shape left, Shape right);
+  HaloExchangePlan(const mpi::Partition& P_x, Shape left, Shape right, Shapes shapes = Shapes::kPerCall);
  private:
   friend at::Tensor halo_exchange(const at::Tensor& x, const HaloExchangePlan& plan);
   friend at::Tensor halo_exchange_(const at::Tensor& x, const HaloExchangePlan& plan);

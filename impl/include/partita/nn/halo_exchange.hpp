@@ -37,7 +37,7 @@ class HaloExchangeImpl : public torch::nn::Module {
   // kNew: a new tensor (DESIGN.md's default); kInPlace: x itself.
   enum class Storage { kNew, kInPlace };
   HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape right,
-                   Storage storage = Storage::kNew);
+                   Storage storage = Storage::kNew, Shapes shapes = Shapes::kPerCall);
   torch::Tensor forward(const torch::Tensor& x);
   const functional::HaloExchangePlan& plan() const { return plan_; }
 

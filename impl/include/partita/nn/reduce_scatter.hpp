@@ -25,10 +25,10 @@ namespace partita::nn {
 
 class ReduceScatterImpl : public torch::nn::Module {
  public:
-  ReduceScatterImpl(const mpi::Partition& P_x, int axis, int64_t dim);
+  ReduceScatterImpl(const mpi::Partition& P_x, int axis, int64_t dim, Shapes shapes = Shapes::kPerCall);
   // DistDL's form: ReduceScatter(P_x, {.axes = ...}) (axes_reduce_scatter)
   // or {.axes_keep = ...}; scale_backward must be empty.
-  ReduceScatterImpl(const mpi::Partition& P_x, const GatherAxes& axes);
+  ReduceScatterImpl(const mpi::Partition& P_x, const GatherAxes& axes, Shapes shapes = Shapes::kPerCall);
   torch::Tensor forward(const torch::Tensor& x);
   const functional::ReduceScatterPlan& plan() const { return plan_; }
 

@@ -33,7 +33,8 @@ namespace partita::nn {
 class RepartitionImpl : public torch::nn::Module {
  public:
   RepartitionImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
-                  RepartitionExchange how = RepartitionExchange::kPointToPoint);
+                  RepartitionExchange how = RepartitionExchange::kPointToPoint,
+                  Shapes shapes = Shapes::kPerCall);
   torch::Tensor forward(const torch::Tensor& x);
   const functional::RepartitionPlan& plan() const { return plan_; }
 
