@@ -5,6 +5,9 @@
 //   comm_bcast      bcast_(x, 0)                       vs MPI_Bcast
 //   comm_alltoall   alltoall(x[1, n], 0, 1, n / p)     vs MPI_Alltoall of n / p floats
 //   comm_ring       isend right, irecv left, 2 waits   vs MPI_Isend + MPI_Irecv + MPI_Waitall
+//   comm_{bcast,alltoall}_static_fwd  the forward with a StaticShapes promise
+//   comm_{allreduce,alltoall}_fair_fwdbwd  forward+backward against the raw
+//                   calls as their own autograd Function (raw_autograd.hpp)
 //
 // "_fwd" is the forward call; "_fwdbwd" forward then backward, beside the
 // raw calls of both directions (allreduce twice; bcast + reduce; alltoall
@@ -25,6 +28,7 @@
 #include <torch/torch.h>
 
 #include "paired.hpp"
+#include "raw_autograd.hpp"
 #include "partita/mpi/communicator.hpp"
 
 namespace partita::bench {
@@ -32,6 +36,8 @@ namespace partita::bench {
 namespace {
 
 using partita::mpi::Communicator;
+using partita::bench::RawExchange;
+using partita::bench::RawKind;
 
 const Communicator& comm() {
   static const Communicator c = Communicator::world();
@@ -70,13 +76,32 @@ void comm_allreduce_fwdbwd(benchmark::State& s) {
          });
 }
 
+// The fair twin (issue 34 item 4, raw_autograd.hpp): forward and backward
+// of the raw calls as one autograd Function, on a flat copy of the input.
+void fair_fwdbwd(benchmark::State& s, const at::Tensor& x, const at::Tensor& dy,
+                 const std::function<at::Tensor(const at::Tensor&)>& call, RawKind kind) {
+  const at::Tensor xr = x.detach().reshape({-1}).clone().requires_grad_(true);
+  const at::Tensor dyr = data(xr.numel());
+  paired(s, s.range(0), [&] { backward_and_reset(call(x), dy, x); },
+         [&] { backward_and_reset(RawExchange::apply_to(xr, kind), dyr, xr); });
+}
+void comm_allreduce_fair_fwdbwd(benchmark::State& s) {
+  const at::Tensor x = data(floats(s)).requires_grad_();
+  fair_fwdbwd(s, x, data(floats(s)),
+              [](const at::Tensor& v) { return comm().allreduce(v, ReduceOp::kSum); },
+              RawKind::kAllreduce);
+}
+
 // ---- bcast_ (in place, from rank 0) -------------------------------------------
-void comm_bcast_fwd(benchmark::State& s) {
+// (`site`: a StaticShapes promise, the `_static_fwd` rows; docs/static-shapes.md.)
+void bcast_fwd(benchmark::State& s, const mpi::StaticShapes& site) {
   at::Tensor x = data(floats(s));
   at::Tensor buf = data(floats(s));
-  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(comm().bcast_(x, 0)); },
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(comm().bcast_(x, 0, site)); },
          [&] { MPI_Bcast(buf.data_ptr(), n_of(buf), MPI_FLOAT, 0, world_comm()); });
 }
+void comm_bcast_fwd(benchmark::State& s) { bcast_fwd(s, {}); }
+void comm_bcast_static_fwd(benchmark::State& s) { bcast_fwd(s, mpi::StaticShapes::promise()); }
 void comm_bcast_fwdbwd(benchmark::State& s) {
   const at::Tensor x = data(floats(s)).requires_grad_();
   const at::Tensor dy = data(floats(s));
@@ -99,7 +124,8 @@ struct AlltoallRow {
     send = data(piece * p);
     recv = data(piece * p);
   }
-  at::Tensor call() const { return comm().alltoall(x, 0, 1, piece); }
+  mpi::StaticShapes site;  // none, or a promise (comm_alltoall_static_fwd)
+  at::Tensor call() const { return comm().alltoall(x, 0, 1, piece, site); }
   void raw(bool back = false) {
     MPI_Alltoall(back ? recv.data_ptr() : send.data_ptr(), static_cast<int>(piece), MPI_FLOAT,
                  back ? send.data_ptr() : recv.data_ptr(), static_cast<int>(piece), MPI_FLOAT,
@@ -109,6 +135,15 @@ struct AlltoallRow {
 void comm_alltoall_fwd(benchmark::State& s) {
   AlltoallRow a(s, false);
   paired(s, s.range(0), [&] { benchmark::DoNotOptimize(a.call()); }, [&] { a.raw(); });
+}
+void comm_alltoall_static_fwd(benchmark::State& s) {
+  AlltoallRow a(s, false);
+  a.site = mpi::StaticShapes::promise();
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(a.call()); }, [&] { a.raw(); });
+}
+void comm_alltoall_fair_fwdbwd(benchmark::State& s) {
+  AlltoallRow a(s, true);
+  fair_fwdbwd(s, a.x, a.dy, [&](const at::Tensor&) { return a.call(); }, RawKind::kAlltoall);
 }
 void comm_alltoall_fwdbwd(benchmark::State& s) {
   AlltoallRow a(s, true);
@@ -433,6 +468,10 @@ BENCHMARK(mpi_exchange_with_allreduce)->Apply(sizes);
 BENCHMARK(mpi_exchange_then_allreduce)->Apply(sizes);
 BENCHMARK(mpi_exchange_with_vs_then_allreduce)->Apply(sizes);
 BENCHMARK(mpi_ring_fresh_recv)->Apply(sizes);
+BENCHMARK(comm_bcast_static_fwd)->Apply(sizes);
+BENCHMARK(comm_alltoall_static_fwd)->Apply(sizes);
+BENCHMARK(comm_allreduce_fair_fwdbwd)->Apply(sizes);
+BENCHMARK(comm_alltoall_fair_fwdbwd)->Apply(sizes);
 BENCHMARK(comm_autograd_floor_fwdbwd)->Arg(4 << 10)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(comm_autograd_floor8_fwdbwd)->Arg(4 << 10)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
@@ -445,6 +484,10 @@ const std::map<std::string, std::string>& communicator_twins() {
       {"comm_bcast_fwd", "MPI_Bcast"},
       {"comm_bcast_fwdbwd", "MPI_Bcast + MPI_Reduce"},
       {"comm_alltoall_fwd", "MPI_Alltoall"},
+      {"comm_bcast_static_fwd", "MPI_Bcast"},
+      {"comm_allreduce_fair_fwdbwd", "autograd Function: MPI_Allreduce, backward MPI_Allreduce"},
+      {"comm_alltoall_fair_fwdbwd", "autograd Function: MPI_Alltoall, backward MPI_Alltoall"},
+      {"comm_alltoall_static_fwd", "MPI_Alltoall"},
       {"comm_alltoall_fwdbwd", "2 x MPI_Alltoall"},
       {"comm_ring_fwd", "MPI_Irecv + MPI_Isend + MPI_Waitall"},
       {"comm_ring_fwdbwd", "2 x (MPI_Irecv + MPI_Isend + MPI_Waitall)"},

@@ -11,6 +11,12 @@
 //                   (and _p2p_vs_alltoallw: partita's two exchanges paired)
 //   halo_exchange   row slabs, one ghost row      vs MPI_Sendrecv up and down
 //
+// "<primitive>_static_fwd" (the five team primitives) is the forward of the
+// same layer made with Shapes::kStatic (docs/static-shapes.md), same twin.
+// "<primitive>_fair_fwdbwd" (the five team primitives) times forward then
+// backward against the fair twin: the raw calls of both directions wrapped
+// in their own autograd Function (raw_autograd.hpp), so both sides pay
+// LibTorch's graph and engine.
 // "_fwd" times the forward call; "_fwdbwd" forward then backward, against
 // the raw pair (bcast+reduce, reduce+bcast, allreduce twice);
 // halo_exchange_inplace_adj the adjoint alone (its node applied, no
@@ -42,6 +48,7 @@
 
 #include "gloo_peer.hpp"
 #include "paired.hpp"
+#include "raw_autograd.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/all_gather.hpp"
 #include "partita/nn/all_sum_reduce.hpp"
@@ -87,6 +94,15 @@ Layers& layers() {
 }
 
 int64_t count(const benchmark::State& s) { return s.range(0) / 4; }  // float32
+
+// The layers again with static shapes (issue 34 item 2, docs/static-shapes.md),
+// made anew for each benchmark: a layer's shapes are those of its first call.
+constexpr auto kStatic = partita::Shapes::kStatic;
+partita::Options static_options() {
+  partita::Options o;
+  o.shapes = kStatic;
+  return o;
+}
 int mpi_n(const at::Tensor& t) { return static_cast<int>(t.numel()); }
 at::Tensor data(int64_t n, bool grad) { return torch::randn({n}).requires_grad_(grad); }
 at::Tensor empty(bool grad) { return torch::zeros({0}).requires_grad_(grad); }
@@ -114,15 +130,35 @@ void fwdbwd(Layer& layer, const at::Tensor& x, const at::Tensor& dy) {
   x.mutable_grad().reset();
 }
 
+// Forward then backward of `layer` on x, beside the same of the fair twin
+// (raw_autograd.hpp: the raw MPI calls of both directions as one autograd
+// Function) on a copy of x; each side's cotangent has its own output's
+// shape. `n`: the broadcast's element count.
+template <typename Layer>
+void fair_fwdbwd(benchmark::State& s, Layer& layer, const at::Tensor& x,
+                 partita::bench::RawKind kind, int64_t n = 0) {
+  using partita::bench::RawExchange;
+  auto twin = [kind, n](const at::Tensor& v) { return RawExchange::apply_to(v, kind, n); };
+  const at::Tensor xr = x.detach().clone().requires_grad_(true);
+  const at::Tensor dy = torch::randn(layer(x.detach()).sizes());
+  const at::Tensor dyr = torch::randn(twin(xr.detach()).sizes());
+  paired(s, s.range(0), [&] { fwdbwd(layer, x, dy); }, [&] { fwdbwd(twin, xr, dyr); });
+}
+
 // ---- broadcast: P_x = {0} -> world, beside MPI_Bcast from rank 0 ------------
-void broadcast_fwd(benchmark::State& s) {
+// (`fixed`: the layer with static shapes, and no Gloo peer: the
+// `<primitive>_static_fwd` rows.)
+void broadcast_fwd_of(benchmark::State& s, bool fixed) {
   auto& L = layers();
+  auto layer = fixed ? partita::nn::Broadcast(L.root, L.all, static_options()) : L.bcast;
   const at::Tensor x = world_rank() == 0 ? data(count(s), false) : empty(false);
   at::Tensor buf = data(count(s), false), peer = data(count(s), false);
-  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(L.bcast(x)); },
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(layer(x)); },
          [&] { MPI_Bcast(buf.data_ptr(), mpi_n(buf), MPI_FLOAT, 0, world_comm()); }, NoPrepare{},
-         gloo_peer([&] { partita::bench::gloo_broadcast(peer, 0); }));
+         fixed ? std::function<void()>() : gloo_peer([&] { partita::bench::gloo_broadcast(peer, 0); }));
 }
+void broadcast_fwd(benchmark::State& s) { broadcast_fwd_of(s, false); }
+void broadcast_static_fwd(benchmark::State& s) { broadcast_fwd_of(s, true); }
 void broadcast_fwdbwd(benchmark::State& s) {
   auto& L = layers();
   const at::Tensor x = world_rank() == 0 ? data(count(s), true) : empty(true);
@@ -135,15 +171,18 @@ void broadcast_fwdbwd(benchmark::State& s) {
 }
 
 // ---- sum-reduce: world -> P_y = {0}, beside MPI_Reduce to rank 0 -------------
-void sum_reduce_fwd(benchmark::State& s) {
+void sum_reduce_fwd_of(benchmark::State& s, bool fixed) {
   auto& L = layers();
+  auto layer = fixed ? partita::nn::SumReduce(L.all, L.root, static_options()) : L.reduce;
   const at::Tensor x = data(count(s), false);
   at::Tensor buf = data(count(s), false), out = data(count(s), false), peer = data(count(s), false);
   paired(
-      s, s.range(0), [&] { benchmark::DoNotOptimize(L.reduce(x)); },
+      s, s.range(0), [&] { benchmark::DoNotOptimize(layer(x)); },
       [&] { MPI_Reduce(buf.data_ptr(), out.data_ptr(), mpi_n(buf), MPI_FLOAT, MPI_SUM, 0, world_comm()); },
-      NoPrepare{}, gloo_peer([&] { partita::bench::gloo_reduce(peer, 0); }));
+      NoPrepare{}, fixed ? std::function<void()>() : gloo_peer([&] { partita::bench::gloo_reduce(peer, 0); }));
 }
+void sum_reduce_fwd(benchmark::State& s) { sum_reduce_fwd_of(s, false); }
+void sum_reduce_static_fwd(benchmark::State& s) { sum_reduce_fwd_of(s, true); }
 void sum_reduce_fwdbwd(benchmark::State& s) {
   auto& L = layers();
   const at::Tensor x = data(count(s), true);
@@ -158,15 +197,18 @@ void sum_reduce_fwdbwd(benchmark::State& s) {
 }
 
 // ---- all-sum-reduce over the whole world, beside MPI_Allreduce ---------------
-void all_sum_reduce_fwd(benchmark::State& s) {
+void all_sum_reduce_fwd_of(benchmark::State& s, bool fixed) {
   auto& L = layers();
+  auto layer = fixed ? partita::nn::AllSumReduce(L.all, std::vector<int>{0}, kStatic) : L.allreduce;
   const at::Tensor x = data(count(s), false);
   at::Tensor buf = data(count(s), false), out = data(count(s), false), peer = data(count(s), false);
   paired(
-      s, s.range(0), [&] { benchmark::DoNotOptimize(L.allreduce(x)); },
+      s, s.range(0), [&] { benchmark::DoNotOptimize(layer(x)); },
       [&] { MPI_Allreduce(buf.data_ptr(), out.data_ptr(), mpi_n(buf), MPI_FLOAT, MPI_SUM, world_comm()); },
-      NoPrepare{}, gloo_peer([&] { partita::bench::gloo_allreduce(peer); }));
+      NoPrepare{}, fixed ? std::function<void()>() : gloo_peer([&] { partita::bench::gloo_allreduce(peer); }));
 }
+void all_sum_reduce_fwd(benchmark::State& s) { all_sum_reduce_fwd_of(s, false); }
+void all_sum_reduce_static_fwd(benchmark::State& s) { all_sum_reduce_fwd_of(s, true); }
 void all_sum_reduce_fwdbwd(benchmark::State& s) {
   auto& L = layers();
   const at::Tensor x = data(count(s), true);
@@ -181,31 +223,37 @@ void all_sum_reduce_fwdbwd(benchmark::State& s) {
 // ---- all-gather / reduce-scatter over the whole world ---------------------------
 // The gathered (or reduced) tensor has the benchmark's size; each rank
 // contributes (or keeps) 1/ranks of it.
-void all_gather_fwd(benchmark::State& s) {
+void all_gather_fwd_of(benchmark::State& s, bool fixed) {
   auto& L = layers();
+  auto layer = fixed ? partita::nn::AllGather(L.all, 0, 0, kStatic) : L.allgather;
   const int64_t piece = count(s) / world_size();
   const at::Tensor x = data(piece, false);
   at::Tensor out = data(piece * world_size(), false), in = x.clone();
   std::vector<at::Tensor> pieces;
   for (int r = 0; r < world_size(); ++r) pieces.push_back(data(piece, false));
   paired(
-      s, s.range(0), [&] { benchmark::DoNotOptimize(L.allgather(x)); },
+      s, s.range(0), [&] { benchmark::DoNotOptimize(layer(x)); },
       [&] {
         MPI_Allgather(x.data_ptr(), mpi_n(x), MPI_FLOAT, out.data_ptr(), mpi_n(x), MPI_FLOAT, world_comm());
       },
-      NoPrepare{}, gloo_peer([&] { partita::bench::gloo_allgather(pieces, in); }));
+      NoPrepare{}, fixed ? std::function<void()>() : gloo_peer([&] { partita::bench::gloo_allgather(pieces, in); }));
 }
-void reduce_scatter_fwd(benchmark::State& s) {
+void all_gather_fwd(benchmark::State& s) { all_gather_fwd_of(s, false); }
+void all_gather_static_fwd(benchmark::State& s) { all_gather_fwd_of(s, true); }
+void reduce_scatter_fwd_of(benchmark::State& s, bool fixed) {
   auto& L = layers();
+  auto layer = fixed ? partita::nn::ReduceScatter(L.all, 0, 0, kStatic) : L.reducescatter;
   const int64_t piece = count(s) / world_size();
   const at::Tensor x = data(piece * world_size(), false);
   at::Tensor out = data(piece, false);
   std::vector<int> counts(world_size(), static_cast<int>(piece));
-  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(L.reducescatter(x)); }, [&] {
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(layer(x)); }, [&] {
     MPI_Reduce_scatter(x.data_ptr(), out.data_ptr(), counts.data(), MPI_FLOAT, MPI_SUM,
                        world_comm());
   });
 }
+void reduce_scatter_fwd(benchmark::State& s) { reduce_scatter_fwd_of(s, false); }
+void reduce_scatter_static_fwd(benchmark::State& s) { reduce_scatter_fwd_of(s, true); }
 // Forward then backward (issue 15, item 5), beside the raw pair: each one's
 // adjoint is the other's forward.
 void all_gather_fwdbwd(benchmark::State& s) {
@@ -504,6 +552,26 @@ void halo_exchange_inplace_adj(benchmark::State& s) {
       [&] { H.raw_adjoint(w.data_ptr<float>(), landing.data_ptr<float>(), cols); });
 }
 
+// ---- the fair forward+backward twins (issue 34 item 4) ----------------------
+using partita::bench::RawKind;
+void broadcast_fair_fwdbwd(benchmark::State& s) {
+  const at::Tensor x = world_rank() == 0 ? data(count(s), true) : empty(true);
+  fair_fwdbwd(s, layers().bcast, x, RawKind::kBcast, count(s));
+}
+void sum_reduce_fair_fwdbwd(benchmark::State& s) {
+  fair_fwdbwd(s, layers().reduce, data(count(s), true), RawKind::kReduce);
+}
+void all_sum_reduce_fair_fwdbwd(benchmark::State& s) {
+  fair_fwdbwd(s, layers().allreduce, data(count(s), true), RawKind::kAllreduce);
+}
+void all_gather_fair_fwdbwd(benchmark::State& s) {
+  fair_fwdbwd(s, layers().allgather, data(count(s) / world_size(), true), RawKind::kAllgather);
+}
+void reduce_scatter_fair_fwdbwd(benchmark::State& s) {
+  const int64_t piece = count(s) / world_size();
+  fair_fwdbwd(s, layers().reducescatter, data(piece * world_size(), true), RawKind::kReduceScatter);
+}
+
 // 4 KiB to 16 MiB by factors of 4.
 void sizes(benchmark::internal::Benchmark* b) {
   for (int64_t bytes = 4 << 10; bytes <= 16 << 20; bytes *= 4) b->Arg(bytes);
@@ -530,6 +598,16 @@ BENCHMARK(halo_exchange_inplace_fwdbwd)->Apply(sizes);
 BENCHMARK(halo_exchange_autograd_floor_fwdbwd)->Apply(sizes);
 BENCHMARK(halo_exchange_inplace_adj)->Apply(sizes);
 BENCHMARK(repartition_p2p_vs_alltoallw)->Apply(sizes);
+BENCHMARK(broadcast_static_fwd)->Apply(sizes);
+BENCHMARK(broadcast_fair_fwdbwd)->Apply(sizes);
+BENCHMARK(sum_reduce_fair_fwdbwd)->Apply(sizes);
+BENCHMARK(all_sum_reduce_fair_fwdbwd)->Apply(sizes);
+BENCHMARK(all_gather_fair_fwdbwd)->Apply(sizes);
+BENCHMARK(reduce_scatter_fair_fwdbwd)->Apply(sizes);
+BENCHMARK(sum_reduce_static_fwd)->Apply(sizes);
+BENCHMARK(all_sum_reduce_static_fwd)->Apply(sizes);
+BENCHMARK(all_gather_static_fwd)->Apply(sizes);
+BENCHMARK(reduce_scatter_static_fwd)->Apply(sizes);
 
 // Each benchmark's raw-MPI twin, recorded in the JSON context: those of
 // `<primitive>_fwd` and `<primitive>_fwdbwd` from the case runner's table
@@ -538,6 +616,11 @@ const std::map<std::string, std::string>& twins() {
   static const std::map<std::string, std::string> t = [] {
     std::map<std::string, std::string> m = {
         {"repartition_packed_fwd", "pack column blocks + MPI_Alltoallv into the output"},
+        {"broadcast_fair_fwdbwd", "autograd Function: MPI_Bcast, backward MPI_Reduce"},
+        {"sum_reduce_fair_fwdbwd", "autograd Function: MPI_Reduce, backward MPI_Bcast"},
+        {"all_sum_reduce_fair_fwdbwd", "autograd Function: MPI_Allreduce, backward MPI_Allreduce"},
+        {"all_gather_fair_fwdbwd", "autograd Function: MPI_Allgather, backward MPI_Reduce_scatter_block"},
+        {"reduce_scatter_fair_fwdbwd", "autograd Function: MPI_Reduce_scatter_block, backward MPI_Allgather"},
         {"repartition_packed_fwdbwd", "packed MPI_Alltoallv, then the reverse MPI_Alltoallv + unpack"},
         {"repartition_p2p_vs_alltoallw", "partita's MPI_Ialltoallw exchange"},
         {"halo_exchange_copy_fwd", "memcpy of the window + 2 x MPI_Sendrecv"},
@@ -549,6 +632,9 @@ const std::map<std::string, std::string>& twins() {
     for (const auto& e : partita::testing::primitive_table()) {
       if (e.linear) continue;  // linear_bench.cpp's
       if (!e.twin_fwd.empty()) m[e.name + "_fwd"] = e.twin_fwd;
+      // The static-shapes rows of the five team primitives: the same twin.
+      for (const char* team : {"broadcast", "sum_reduce", "all_sum_reduce", "all_gather", "reduce_scatter"})
+        if (e.name == team) m[e.name + "_static_fwd"] = e.twin_fwd;
       if (!e.twin_fwdbwd.empty()) m[e.name + "_fwdbwd"] = e.twin_fwdbwd;
     }
     return m;
