@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "partita/mpi/runtime.hpp"
@@ -43,9 +44,9 @@ enum class Data { kInteger, kRandom };
 
 // One sequence-parallel MLP block of the stage that owns it.
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(const smp::StagePartitions& P, bool zero, Data data) : data(data) {
+  BlockImpl(const smp::StagePartitions& P, bool zero, Data data, at::ScalarType dtype = at::kDouble) : data(data) {
     nn::LinearOptions o;
-    o.dtype = at::kDouble;
+    o.dtype = dtype;
     if (zero) {
       up_zero = register_module("up", nn::DistributedLinearAllGatherZero(P.features, kHidden, kFfn, o, P.tokens));
       down_zero = register_module("down", nn::DistributedLinearReduceScatterZero(P.features, kFfn, kHidden, o, P.tokens));
@@ -323,6 +324,165 @@ TEST(ThreeD, BalancedSplitIsTheSameOnEveryRank) {
   for (int k = 0; k < kBlocks; ++k) seq->push_back(Block(parts[k < 3 ? 0 : 1], false, Data::kRandom));
   smp::DistributedModel model(seq);
   EXPECT_EQ(model.bounds(), (std::vector<int>{0, 2, 4})) << "world rank " << mpi::world_rank();
+}
+
+// --- Communication as a checked quantity (issue 32 item 4) ----------------------
+//
+// The bytes each rank sends per step, by kind, as PipelineStats counts them,
+// against the analytic volume of docs/3d.md ("Communication volume") for
+// the block stack: kBlocks blocks over pp x tp x dp, m microbatches, a
+// batch of B rows and T tokens, hidden kHidden, ffn kFfn, dtype of s bytes.
+
+// The layers of a volume case: seed 002's layers, their ZeRO-3 forms, or
+// torch::nn::Linear (replicated over dp: averaged by the pipeline; tp 1).
+enum class Layers { kDistributed, kZero, kTorch };
+
+struct VolumeCase {
+  int pp, tp;
+  std::string schedule;
+  Layers layers;
+  int64_t batch, tokens;
+  int microbatches;
+  at::ScalarType dtype;
+};
+
+struct Volume {
+  int64_t pipeline = 0, tensor_parallel = 0, data_parallel = 0;
+};
+
+// docs/3d.md's formula, for the rank at (pp rank r, dp rank q), in the
+// first step of an input shape or a later one.
+Volume formula(const VolumeCase& c, int r, int q, bool first) {
+  const int64_t p = c.pp, t = c.tp, d = mpi::world_size() / (c.pp * c.tp), m = c.microbatches;
+  const int64_t s = c10::elementSize(c.dtype), H = kHidden, F = kFfn;
+  const int64_t v = c.schedule == "interleaved_virtual" && p > 1 ? 2 : 1;
+  const int64_t Kr = kBlocks / p, k = kBlocks / (p * v);  // blocks on the rank, per chunk
+  const int64_t a = c.batch / (m * d) * (c.tokens / t) * H * s;  // one activation piece
+  Volume out;
+  if (p > 1) out.pipeline = m * a * ((v - (r == p - 1)) + (v - (r == 0)));
+  const bool holds = c.layers == Layers::kZero || q == 0;  // a non-ZeRO layer's parameters live on replica 0
+  int64_t backward = 0;
+  if (c.schedule == "zero_bubble")
+    backward = 2 * k + (holds ? 2 * k - 1 : 2 * k);  // I, then W (restricted to parameters, or all of it)
+  else
+    backward = 2 * Kr - (r == 0);  // stage 0's x takes no gradient
+  // With virtual stages the ranks but the last find the stand-in's shape by
+  // one forward of their copy of the model, without gradients, in the first
+  // step of an input shape: their blocks' forward traffic once more.
+  const int64_t probe = v > 1 && r < p - 1 && first ? 1 : 0;
+  if (c.layers != Layers::kTorch) out.tensor_parallel = (t - 1) * a * (m * (2 * Kr + backward) + probe * 2 * Kr);
+  const int64_t block = s * (2 * H * F + F + H);  // one block's parameters
+  if (d > 1) {
+    if (c.layers == Layers::kDistributed)
+      out.data_parallel = q == 0 ? (m + probe) * Kr * (block / t) * (d - 1) : m * Kr * (block / t);
+    if (c.layers == Layers::kZero) out.data_parallel = (2 * m + probe) * Kr * (block / t) * (d - 1) / d;
+    if (c.layers == Layers::kTorch) out.data_parallel = (d - 1) * Kr * block;
+  }
+  return out;
+}
+
+struct TorchBlockImpl : torch::nn::Module {
+  explicit TorchBlockImpl(at::ScalarType dtype) {
+    up = register_module("up", torch::nn::Linear(kHidden, kFfn));
+    down = register_module("down", torch::nn::Linear(kFfn, kHidden));
+    to(dtype);
+  }
+  at::Tensor forward(at::Tensor x) { return down(at::tanh(up(x))); }
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+TORCH_MODULE(TorchBlock);
+
+std::string name_of(const VolumeCase& c) {
+  const char* layers[] = {"seed 002's layers", "ZeRO-3", "torch::nn::Linear"};
+  return "pp " + std::to_string(c.pp) + " x tp " + std::to_string(c.tp) + " x dp " +
+         std::to_string(mpi::world_size() / (c.pp * c.tp)) + ", " + c.schedule + ", " +
+         layers[static_cast<int>(c.layers)] + ", batch " + std::to_string(c.batch) + " x " +
+         std::to_string(c.tokens) + " tokens, " + std::to_string(c.microbatches) + " microbatches, " +
+         c10::toString(c.dtype);
+}
+
+// One layout with v chunks per pipeline rank (one smp::init): for each kind
+// of layers one model, trained two steps under each schedule of that v and
+// each of two batch shapes (8 rows x 4 tokens in 2 microbatches, 16 x 6 in
+// 4; rows scaled so that every replica's microbatch holds 1 or 2). After
+// each step this rank's counts are compared with the formula.
+void check_volumes(int pp, int tp, int v) {
+  smp::Config config;
+  config.partitions = pp;
+  config.tensor_parallel_degree = tp;
+  config.pipeline = v > 1 ? "interleaved_virtual" : "interleaved";
+  config.virtual_pipeline_model_parallel_size = v;
+  smp::init(config);
+  const int dp = smp::dp_size();
+  std::vector<smp::StagePartitions> parts;
+  for (int s = 0; s < pp; ++s) parts.push_back(smp::stage_partitions(s));
+  std::vector<Layers> kinds = {Layers::kDistributed};
+  // ZeRO-3: nothing to shard at dp 1; beyond H / tp replicas the down
+  // layer's bias block has fewer entries than shards (a PartitionError).
+  if (dp > 1 && dp * tp <= kHidden) kinds.push_back(Layers::kZero);
+  if (tp == 1) kinds.push_back(Layers::kTorch);
+  const std::vector<std::string> schedules =
+      v > 1 ? std::vector<std::string>{"interleaved_virtual"}
+            : pp > 1 ? std::vector<std::string>{"simple", "interleaved", "zero_bubble"} : kSchedules;
+  const int per_stage = kBlocks / (pp * v);
+  std::vector<int> splits;
+  for (int s = 1; s < pp * v; ++s) splits.push_back(s * per_stage);
+  for (Layers layers : kinds) {
+    const at::ScalarType dtype = layers == Layers::kDistributed ? at::kDouble : at::kFloat;
+    torch::nn::Sequential seq;
+    for (int k = 0; k < kBlocks; ++k) {
+      if (layers == Layers::kTorch)
+        seq->push_back(TorchBlock(dtype));
+      else
+        seq->push_back(Block(parts[(k / per_stage) % pp], layers == Layers::kZero, Data::kRandom, dtype));
+    }
+    smp::DistributedModel model(seq, splits);
+    for (const auto& schedule : schedules)
+      for (const auto& [batch, tokens, m] : {std::tuple<int64_t, int64_t, int>{8 * dp / std::min(dp, 2), 4, 2},
+                                              std::tuple<int64_t, int64_t, int>{16 * dp / std::min(dp, 4), 6, 4}}) {
+        const VolumeCase c{pp, tp, schedule, layers, batch, tokens, m, dtype};
+        smp::set_schedule(smp::build_schedule(schedule, pp, m, model.virtual_stages()));
+        smp::StepOptions o;
+        o.microbatches = m;
+        auto train = smp::step(
+            [&](at::Tensor xb, at::Tensor yb) {
+              at::Tensor loss = (model(xb) - yb).pow(2).sum();
+              model.backward(loss);
+              return loss;
+            },
+            o);
+        const auto opts = at::TensorOptions().dtype(dtype);
+        const at::Tensor x = at::randn({batch / dp, tokens / tp, kHidden}, opts);
+        const at::Tensor y = at::randn({batch / dp, tokens / tp, kHidden}, opts);
+        // The stand-in's shape probe (virtual stages) runs once per input
+        // shape: in this model's first step of each shape. Two steps of the
+        // first shape (the counts are the step's, not the model's), one of
+        // the second.
+        for (int step = 0; step < (m == 2 ? 2 : 1); ++step) {
+          const Volume want = formula(c, smp::pp_rank(), smp::dp_rank(), step == 0);
+          train(x, y);
+          const smp::PipelineStats& got = model.stats();
+          const std::string at_step = name_of(c) + ", step " + std::to_string(step) + ", world rank " +
+                                      std::to_string(mpi::world_rank());
+          EXPECT_EQ(got.pipeline_bytes, want.pipeline) << at_step << ": pipeline";
+          EXPECT_EQ(got.tensor_parallel_bytes, want.tensor_parallel) << at_step << ": tensor-parallel";
+          EXPECT_EQ(got.data_parallel_bytes, want.data_parallel) << at_step << ": data-parallel";
+        }
+      }
+  }
+  smp::set_schedule(std::nullopt);
+}
+
+// Every layout of pp, tp in {1, 2} at this world size (at 8 ranks not
+// 1 x 1 x 8: dp-only layouts run at 4), every schedule.
+TEST(ThreeD, BytesPerStepEqualTheFormula) {
+  const int n = mpi::world_size();
+  for (int pp : {1, 2})
+    for (int tp : {1, 2}) {
+      if (n % (pp * tp) != 0 || (n == 8 && pp * tp == 1)) continue;
+      check_volumes(pp, tp, 1);
+      if (pp > 1) check_volumes(pp, tp, 2);
+    }
 }
 
 // Bad input (issue 32 item 6, in part): a stage that does not exist,

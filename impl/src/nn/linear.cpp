@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "detail/agreement.hpp"
@@ -11,6 +12,7 @@
 #include "partita/nn/broadcast.hpp"
 #include "partita/nn/reduce_scatter.hpp"
 #include "partita/nn/sum_reduce.hpp"
+#include "partita/nn/traffic.hpp"
 
 namespace partita::nn {
 
@@ -112,12 +114,57 @@ void checked_construction(const std::string& name, int64_t in, int64_t out, cons
 
 at::Tensor nothing(at::ScalarType t) { return at::zeros({0}, at::TensorOptions().dtype(t)); }
 
+// --- what the layers send (nn/traffic.hpp; docs/3d.md, "Communication volume") ---
+// Counted at each collective the layers call, per docs/3d.md's definition:
+// all-gather over a team of t, a piece of n bytes: (t - 1) n; reduce-scatter
+// of N bytes keeping n: N - n; broadcast of n bytes to t copies: (t - 1) n
+// from the stored copy, 0 elsewhere; its adjoint sum-reduce: n from every
+// other copy, 0 on the stored one.
+
+enum Traffic { kModelParallel = 0, kDataParallel = 1 };
+std::atomic<int64_t> g_traffic[2];
+
+int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+void count(Traffic kind, int64_t bytes) { g_traffic[kind] += bytes; }
+
+// The adjoint of the collective that made y runs when autograd reaches y
+// (once per pass that needs it: a split backward may run it in I and in W).
+void count_adjoint(const at::Tensor& y, Traffic kind, int64_t bytes) {
+  if (bytes > 0 && y.requires_grad()) y.register_hook([kind, bytes](const at::Tensor&) { count(kind, bytes); });
+}
+
+// An all-gather over `team` workers and its adjoint (a reduce-scatter of
+// y's gradient back to x's slices).
+at::Tensor gathered(AllGather& gather, const at::Tensor& x, int64_t team, Traffic kind) {
+  at::Tensor y = gather(x);
+  count(kind, (team - 1) * nbytes(x));
+  count_adjoint(y, kind, nbytes(y) - nbytes(x));
+  return y;
+}
+
+// A reduce-scatter over `team` workers and its adjoint (an all-gather of
+// y's gradient).
+at::Tensor scattered(ReduceScatter& scatter, const at::Tensor& x, int64_t team, Traffic kind) {
+  at::Tensor y = scatter(x);
+  count(kind, nbytes(x) - nbytes(y));
+  count_adjoint(y, kind, (team - 1) * nbytes(y));
+  return y;
+}
+
+// The data-parallel copies of a parameter (the broadcast's team): every
+// worker of P but the M along the model-parallel axis.
+int64_t copies(const mpi::Partition& P) { return volume(P.shape()) / P.shape().back(); }
+
 // Standard data parallelism: a parameter broadcast from its stored copy to
-// the data-parallel copies; without copies (no broadcast built) the stored
-// parameter itself.
-at::Tensor share(Broadcast& broadcast, const at::Tensor& p, bool owns, at::ScalarType dtype) {
+// the other `copies` - 1 data-parallel copies; without copies (no
+// broadcast built) the stored parameter itself.
+at::Tensor share(Broadcast& broadcast, const at::Tensor& p, bool owns, at::ScalarType dtype, int64_t copies) {
   if (broadcast.is_empty()) return p;
-  return broadcast(owns ? p : nothing(dtype));
+  at::Tensor out = broadcast(owns ? p : nothing(dtype));
+  count(kDataParallel, owns ? (copies - 1) * nbytes(out) : 0);
+  if (!owns) count_adjoint(out, kDataParallel, nbytes(out));
+  return out;
 }
 
 // The j-th of n balanced pieces of [0, total): {start, length}.
@@ -229,6 +276,8 @@ struct ColumnBlockLinear : torch::autograd::Function<ColumnBlockLinear> {
 };
 
 }  // namespace
+
+LayerTraffic layer_traffic() { return {g_traffic[kModelParallel].load(), g_traffic[kDataParallel].load()}; }
 
 // --- DistributedLinearBase ---------------------------------------------------
 
@@ -686,18 +735,19 @@ torch::Tensor DistributedLinearAllGatherImpl::forward(const torch::Tensor& x) {
   const int64_t M = p_->P_y.shape()[d - 1];
   const int64_t m = p_->P_y.index()[d - 1];
   agree_on_input(check_x(x, true, d, p_->separate ? l.in : local_length(l.in, M, m)));
-  const at::Tensor xg = p_->gather_x(x);
+  const at::Tensor xg = gathered(p_->gather_x, x, p_->P_x.shape()[model_axis(p_->P_x)], kModelParallel);
   at::Tensor W, b;
   if (p_->zero) {
     // W_m as its column blocks in data-parallel order: the composed
     // all-gather along dimension 1 without assembling W_m.
-    const at::Tensor blocks = p_->gather_w(weight_.reshape({-1}));
-    if (l.bias) b = p_->gather_b(bias_);
+    const int64_t D = p_->P_y.shape()[0];
+    const at::Tensor blocks = gathered(p_->gather_w, weight_.reshape({-1}), D, kDataParallel);
+    if (l.bias) b = gathered(p_->gather_b, bias_, D, kDataParallel);
     // (No bias: an empty tensor, as torch's custom functions take no undefined input.)
     return ColumnBlockLinear::apply(xg, blocks, l.bias ? b : nothing(l.dtype), l.w_rn, p_->shard_widths);
   } else {
-    W = share(p_->broadcast_w, weight_, l.owns_weight, l.dtype);
-    if (l.bias) b = share(p_->broadcast_w, bias_, l.owns_bias, l.dtype);
+    W = share(p_->broadcast_w, weight_, l.owns_weight, l.dtype, copies(p_->P_y));
+    if (l.bias) b = share(p_->broadcast_w, bias_, l.owns_bias, l.dtype, copies(p_->P_y));
   }
   return at::linear(xg, W, b);
 }
@@ -850,19 +900,20 @@ torch::Tensor DistributedLinearReduceScatterImpl::forward(const torch::Tensor& x
   const int64_t M = p_->P_x.shape()[d - 1];
   const int64_t m = p_->P_x.index()[d - 1];
   agree_on_input(check_x(x, true, d, local_length(l.in, M, m)));
-  const at::Tensor W = p_->zero ? p_->gather_w(weight_)
-                                : share(p_->broadcast_w, weight_, l.owns_weight, l.dtype);
+  const int64_t D = p_->P_x.shape()[0];
+  const at::Tensor W = p_->zero ? gathered(p_->gather_w, weight_, D, kDataParallel)
+                                : share(p_->broadcast_w, weight_, l.owns_weight, l.dtype, copies(p_->P_x));
   at::Tensor partial = at::linear(x, W);
   if (l.bias) {
     // b is split over the model-parallel workers (seed 002): worker m adds
     // its block into its slice of the output features, so the reduction
     // counts every entry of b once, whichever way y is then scattered.
-    const at::Tensor bm = p_->zero ? p_->gather_b(bias_)
-                                   : share(p_->broadcast_w, bias_, l.owns_bias, l.dtype);
+    const at::Tensor bm = p_->zero ? gathered(p_->gather_b, bias_, D, kDataParallel)
+                                   : share(p_->broadcast_w, bias_, l.owns_bias, l.dtype, copies(p_->P_x));
     const int64_t start = local_start(l.out, M, m);
     partial = partial + at::constant_pad_nd(bm, {start, l.out - start - bm.size(0)});
   }
-  return p_->scatter_y(partial);
+  return scattered(p_->scatter_y, partial, p_->P_y.shape()[model_axis(p_->P_y)], kModelParallel);
 }
 
 }  // namespace partita::nn

@@ -1,11 +1,11 @@
 // smp::DistributedModel and the pipeline executor (issues 14 and 31,
 // docs/pipeline.md): the stages of a model (a torch::nn::Sequential or any
-// module of ordered one-tensor children) on the mp group, and smp::step's
+// module of ordered one-tensor children) on the pp group, and smp::step's
 // per-call state (detail::PipelineStep), which runs this rank's list of a
 // schedule that schedule.cpp built and verified (pure, no MPI).
 //
 // Messages (docs/pipeline.md has the table; every tag carries the step's
-// number, see TagKind), mostly between neighbouring stages on the mp group's
+// number, see TagKind), mostly between neighbouring stages on the pp group's
 // communicator:
 //   kHeader   a fixed-size int64 header before every activation: the
 //             microbatch, the activation's dtype and shape and the shape of
@@ -37,6 +37,7 @@
 #include "partita/mpi/communicator.hpp"
 #include "partita/mpi/poll.hpp"
 #include "partita/mpi/runtime.hpp"
+#include "partita/nn/traffic.hpp"
 #include "partita/smp/communicators.hpp"
 #include "partita/smp/message.hpp"
 #include "partita/smp/step.hpp"
@@ -57,7 +58,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // failed step left unreceived never matches a later step's receive.
 // kAbort and kDone travel on smp's world communicator, beside smp's object
 // messages (tag 4004 = 4 mod 8, a kind that never goes there); kGrads on the
-// dp group's; the others on the mp group's.
+// dp group's; the others on the pp group's.
 enum TagKind { kAct = 0, kHeader = 1, kShape = 2, kAbort = 3, kReturned = 4, kFingerprint = 5, kGrads = 6, kDone = 7 };
 constexpr int kTagBase = 1400;
 constexpr long kMaxEpochs = 1 << 20;
@@ -298,6 +299,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   int first_called = -1;  // the microbatch whose step function ran first: it decides `training`
   long steps_begun = 0;
   PipelineStats stats;
+  nn::LayerTraffic traffic_at_begin;  // the layers' counters when the step began
   Clock::time_point step_start;
   bool step_started = false;
 
@@ -309,10 +311,10 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   bool first_stage(int c) const { return first() && c == 0; }
   bool last_stage(int c) const { return last() && c == v - 1; }
   // The chunk whose forward runs in the model's call: the first stage's on
-  // mp rank 0 (it needs x), the last stage's on the last rank (it returns
+  // pp rank 0 (it needs x), the last stage's on the last rank (it returns
   // the output), chunk 0 elsewhere (docs/pipeline.md, "Virtual stages").
   int call_chunk() const { return last() ? v - 1 : 0; }
-  // The mp group's rank of pipeline rank s, and this rank's neighbours: the
+  // The pp group's rank of pipeline rank s, and this rank's neighbours: the
   // previous stage of any chunk is on prev_rank(), the next on next_rank().
   int peer(int s) const { return s; }
   int prev_rank() const { return peer((stage + stages - 1) % stages); }
@@ -320,7 +322,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   int chunk_of(const Action& a) const {
     const int c = (a.stage - stage) / stages;
     if (a.stage < stage || (a.stage - stage) % stages != 0 || c >= v)
-      throw UsageError("smp::DistributedModel on mp rank " + std::to_string(stage) + ": the schedule's action " +
+      throw UsageError("smp::DistributedModel on pp rank " + std::to_string(stage) + ": the schedule's action " +
                        to_string(a) + " is for a stage this rank does not hold");
     return c;
   }
@@ -342,6 +344,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     training = false;
     first_called = -1;
     stats = PipelineStats{};
+    traffic_at_begin = nn::layer_traffic();
     step_started = false;
     if (stages == 1) return;
     // Every stage must be running the same step on the same batch.
@@ -415,7 +418,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   std::string where(int c, int mb) const {
     if (v == 1) return where(mb);
     return "smp::DistributedModel stage " + std::to_string(global(c)) + " of " + std::to_string(stages * v) +
-           " (chunk " + std::to_string(c) + " of mp rank " + std::to_string(stage) + "), microbatch " +
+           " (chunk " + std::to_string(c) + " of pp rank " + std::to_string(stage) + "), microbatch " +
            std::to_string(mb);
   }
 
@@ -472,6 +475,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     PARTITA_MPI_CHECK(MPI_Isend(b.data_ptr(), static_cast<int>(b.numel() * b.element_size()), MPI_BYTE, dest, tag,
                                 raw, &r));
     f.requests.push_back(r);
+    stats.pipeline_bytes += b.numel() * static_cast<int64_t>(b.element_size());
   }
 
   int grad_tag() const { return tag_of(kAct) + comm.max_tag(); }
@@ -818,8 +822,6 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   void all_reduce_gradients() {
     const int dp = dp_size();
     if (dp == 1) return;
-    // Not the parameters of partita's distributed layers: they live on some
-    // replicas only, and the layers sum their gradients themselves.
     std::vector<at::Tensor> local;
     // Not the parameters of partita's distributed layers: they live on some
     // replicas only, and the layers sum their gradients themselves.
@@ -857,6 +859,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         MPI_Request q;
         PARTITA_MPI_CHECK(MPI_Isend(buf.data_ptr(), count, grad_datatype(type), r, tag, dpc, &q));
         requests.push_back(q);
+        stats.data_parallel_bytes += buf.numel() * static_cast<int64_t>(buf.element_size());
       }
       try {
         wait_requests(requests, where(0) + ": the dp average of the gradients");
@@ -901,6 +904,11 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       for (int mb = 0; mb < static_cast<int>(mbs.size()); ++mb)
         if (parts[c][mb].forwarded && !parts[c][mb].done) release(c, mb);
     if (training) all_reduce_gradients();
+    // The distributed layers' share of the step (their counters move only
+    // inside their calls, all of which ran by now).
+    const nn::LayerTraffic now = nn::layer_traffic();
+    stats.tensor_parallel_bytes = now.model_parallel - traffic_at_begin.model_parallel;
+    stats.data_parallel_bytes += now.data_parallel - traffic_at_begin.data_parallel;
     end_agreement();
     wait_requests(g_step->inflight.requests, where(0) + ": messages to the other stages");
     g_step->inflight = InFlight{};

@@ -1,5 +1,5 @@
 // Internal to partita::smp (stages.cpp): the model's layers and the stage
-// bounds, computed alike on every rank of the mp group.
+// bounds, computed alike on every rank of the pp group.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -19,7 +19,7 @@ struct Stages {
   std::vector<int> bounds;  // stages + 1 numbers: stage s holds layers [bounds[s], bounds[s+1])
 };
 
-// Collective over the mp group of `ranks` (they compare their layer
+// Collective over the pp group of `ranks` (they compare their layer
 // counts): the model's layers (a Sequential's children, or any module's
 // ordered children of callable types) split into ranks * v stages (v
 // virtual stages per rank) by `split_points` (empty: balanced by parameter

@@ -20,7 +20,7 @@
 // tensor parallelism; docs/3d.md). smp::step runs this rank's list of a verified schedule
 // (partita/smp/schedule.hpp): "simple" (GPipe), "interleaved" (1F1B),
 // "zero_bubble" (ZB-H1), "interleaved_virtual" (Megatron's interleaved 1F1B:
-// the model in mp_size * v chunks, rank r holding r, r + mp_size, ...) or one
+// the model in pp_size * v chunks, pp rank r holding r, r + pp_size, ...) or one
 // set with set_schedule; the step function is called once per microbatch,
 // at the forward of the model's call, and the other chunks' forwards (with
 // virtual stages), the backward passes (full,
@@ -91,6 +91,21 @@ struct PipelineStats {
   // autograd for the other layers' parameters.
   int weight_gradients_split = 0;
   int weight_autograd_passes = 0;
+  // Bytes this rank sent in the step, by kind (docs/3d.md, "Communication
+  // volume", has the definition for collectives and the formula for a
+  // stack of tensor-parallel blocks). Data only: headers, shapes, the
+  // stages' and layers' agreements and the returned values are not counted.
+  //  - pipeline: activations to the next stage (SEND_F) and their
+  //    gradients to the previous one (SEND_B);
+  //  - tensor_parallel: partita's distributed layers' all-gathers and
+  //    reduce-scatters of activations over their model-parallel axis (the
+  //    tp group, on smp::stage_partitions), forward and adjoint;
+  //  - data_parallel: those layers' parameters to their data-parallel
+  //    copies and the gradients back (nn/traffic.hpp), and the dp average
+  //    of the other parameters at the end of the step.
+  int64_t pipeline_bytes = 0;
+  int64_t tensor_parallel_bytes = 0;
+  int64_t data_parallel_bytes = 0;
 };
 
 namespace detail {
@@ -149,10 +164,10 @@ class DistributedModel {
   // from the gradient the next stage sends; their `loss` is only checked.
   void backward(const at::Tensor& loss);
 
-  int stage() const;   // mp_rank
-  int stages() const;  // mp_size
+  int stage() const;   // pp_rank (mp_rank without tensor parallelism)
+  int stages() const;  // pp_size
   // Chunks per rank (Config::virtual_pipeline_model_parallel_size with the
-  // "interleaved_virtual" pipeline; 1 otherwise and at mp_size 1), and the
+  // "interleaved_virtual" pipeline; 1 otherwise and at pp_size 1), and the
   // model's stages this rank holds: stage(), stage() + stages(), ...
   // (stages() * virtual_stages() in all; bounds() has every one's layers).
   int virtual_stages() const;
