@@ -779,6 +779,40 @@ TEST(BadInput, PipelineBatchesDiffer) {
       [&]() -> std::string { return pipeline_still_trains(model); });
 }
 
+// Stage 0's activation of 2 x (2^28 + 1) doubles, expanded (4 GiB that do
+// not exist), for one step: more bytes than an MPI count holds (issue 35
+// item 5). Stage 0 raises before its header is posted, which would have the
+// next stage allocate what it announces; the others hear of it.
+struct InflateImpl : torch::nn::Module {
+  bool armed = false;
+  at::Tensor forward(at::Tensor x) {
+    return armed ? x.sum().reshape({1, 1}).expand({x.size(0), (int64_t{1} << 28) + 1}) : x;
+  }
+};
+TORCH_MODULE(Inflate);
+
+TEST(BadInput, PipelineActivationAboveTheCountLimit) {
+  smp::init(partitions(n()));
+  torch::manual_seed(7);
+  Inflate inflate;
+  torch::nn::Sequential layers(torch::nn::Linear(4, 6), inflate, torch::nn::Tanh(), torch::nn::Linear(6, 3));
+  layers->to(torch::kDouble);
+  smp::DistributedModel model(layers, n() == 2 ? std::vector<int>{2} : std::vector<int>{2, 3});
+  auto train = testing::mse_step(model, 2);
+  row<Error>(
+      "above the MPI count limit",
+      [&] {
+        inflate->armed = true;
+        AllocationGuard guard;
+        train(torch::randn({4, 4}, torch::kDouble), torch::randn({4, 3}, torch::kDouble));
+      },
+      [&]() -> std::string {
+        inflate->armed = false;
+        return pipeline_still_trains(model);
+      });
+  inflate->armed = false;
+}
+
 TEST(BadInput, PipelineUserScheduleWrongShape) {
   smp::init(partitions(n()));
   torch::manual_seed(7);

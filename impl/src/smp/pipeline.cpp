@@ -125,6 +125,18 @@ void abandon_in_flight(InFlight& f) {
   f = InFlight{};
 }
 
+// MPI counts are ints (issue 35 item 5): a message of more units than that
+// raises a ShapeError here, before anything of it is copied or posted; the
+// stage's error reaches the other ranks as a PipelineError.
+int mpi_units(int64_t n, const char* unit, const std::string& what) {
+  if (n > std::numeric_limits<int>::max())
+    throw ShapeError(what + ": a message of " + std::to_string(n) + " " + unit +
+                         ", above the MPI count limit (INT_MAX = 2147483647); nothing was sent",
+                     rule_code::kCountOverflow);
+  return static_cast<int>(n);
+}
+int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
 void post_bytes(std::string bytes, MPI_Datatype type, int count_divisor, int dest, int tag, MPI_Comm comm) {
   InFlight& f = g_step->inflight;
   f.bytes.push_back(std::move(bytes));
@@ -467,13 +479,13 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   // A tensor's bytes to a neighbour: MPI_Isend of a contiguous copy kept
   // with the step's messages, completed at the end of the step. Sends never
   // wait, which is what the verifier assumes (docs/pipeline.md).
-  void send_tensor(const at::Tensor& t, int dest, int tag) {
+  void send_tensor(const at::Tensor& t, int dest, int tag, const std::string& what) {
+    const int n = mpi_units(bytes_of(t), "bytes", what);
     InFlight& f = g_step->inflight;
     f.tensors.push_back(t.detach().contiguous());
     const at::Tensor& b = f.tensors.back();
     MPI_Request r;
-    PARTITA_MPI_CHECK(MPI_Isend(b.data_ptr(), static_cast<int>(b.numel() * b.element_size()), MPI_BYTE, dest, tag,
-                                raw, &r));
+    PARTITA_MPI_CHECK(MPI_Isend(b.data_ptr(), n, MPI_BYTE, dest, tag, raw, &r));
     f.requests.push_back(r);
     stats.pipeline_bytes += b.numel() * static_cast<int64_t>(b.element_size());
   }
@@ -509,8 +521,11 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     Part& m = parts[c][mb];
     if (m.sent) return;
     if (!m.forwarded) throw UsageError(where(c, mb) + ": SEND_F before the forward");
+    // Before the header: the next stage would allocate what it announces.
+    const std::string what = where(c, mb) + ": SEND_F";
+    mpi_units(bytes_of(m.output), "bytes", what);
     post(header(0, mb, m.output, m.x_shape, global(c)), next_rank(), kHeader);
-    send_tensor(m.output, next_rank(), tag_of(kAct));
+    send_tensor(m.output, next_rank(), tag_of(kAct), what);
     m.sent = true;
   }
 
@@ -804,7 +819,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       case ActionKind::kSendB: {
         if (!training) break;
         if (!m.grad_in.defined()) throw UsageError(where(c, mb) + ": SEND_B before its backward");
-        send_tensor(m.grad_in, prev_rank(), grad_tag());
+        send_tensor(m.grad_in, prev_rank(), grad_tag(), where(c, mb) + ": SEND_B");
         m.grad_in = at::Tensor();
         break;
       }
@@ -841,7 +856,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       // all replicas get the same bits.
       const MPI_Comm dpc = communicator(DP_GROUP);
       const int me = dp_rank(), tag = tag_of(kGrads);
-      const int count = static_cast<int>(buf.numel());
+      // (Every replica holds the same parameters: all raise alike.)
+      const int count = mpi_units(buf.numel(), "elements", where(0) + ": the dp average of the gradients");
       InFlight& f = g_step->inflight;
       std::vector<MPI_Request> requests;
       std::vector<at::Tensor> got(dp);
