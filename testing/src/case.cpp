@@ -311,6 +311,10 @@ Case Case::from_json(const json::Value& v, const std::string& source) {
   for (const auto& [r, s] : c.local_shapes)
     if (std::find(c.P_x.ranks.begin(), c.P_x.ranks.end(), r) == c.P_x.ranks.end())
       bad("local_shapes", "names rank " + std::to_string(r) + ", which is not in P_x.ranks");
+  // An empty object gives no rank a shape and would print as no field at
+  // all (case_reader_fuzz, issue 35 item 2).
+  if (v.contains("local_shapes") && c.local_shapes.empty())
+    bad("local_shapes", "is empty: expected a shape for every P_x rank");
   for (int r : c.P_x.ranks)
     if (!c.local_shapes.empty() && !c.local_shapes.count(r))
       bad("local_shapes", "has no shape for P_x rank " + std::to_string(r));
