@@ -308,9 +308,15 @@ Case Case::from_json(const json::Value& v, const std::string& source) {
   if (c.global_shape && c.global_shape->size() != c.P_x.shape.size())
     bad("global_shape", "expected " + std::to_string(c.P_x.shape.size()) +
                             " dimensions (as P_x.shape), got " + shape_string(*c.global_shape));
-  for (const auto& [r, s] : c.local_shapes)
+  for (const auto& [r, s] : c.local_shapes) {
     if (std::find(c.P_x.ranks.begin(), c.P_x.ranks.end(), r) == c.P_x.ranks.end())
       bad("local_shapes", "names rank " + std::to_string(r) + ", which is not in P_x.ranks");
+    // (case_reader_fuzz, issue 35 item 2: "1": [] was accepted.)
+    if (s.size() != c.P_x.shape.size())
+      bad("local_shapes", "rank " + std::to_string(r) + "'s shape " + shape_string(s) + " has " +
+                              std::to_string(s.size()) + " dimensions, P_x.shape " +
+                              std::to_string(c.P_x.shape.size()));
+  }
   // An empty object gives no rank a shape and would print as no field at
   // all (case_reader_fuzz, issue 35 item 2).
   if (v.contains("local_shapes") && c.local_shapes.empty())
