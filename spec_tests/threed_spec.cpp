@@ -319,9 +319,10 @@ TEST(ThreeD, BalancedSplitIsTheSameOnEveryRank) {
   smp::init(config);
   std::vector<smp::StagePartitions> parts = {smp::stage_partitions(0), smp::stage_partitions(1)};
   torch::nn::Sequential seq;
-  // Blocks 0-2 on stage 0's partitions, block 3 on stage 1's: by parameter
-  // count the split is 2 + 2 whatever partitions they were built on.
-  for (int k = 0; k < kBlocks; ++k) seq->push_back(Block(parts[k < 3 ? 0 : 1], false, Data::kRandom));
+  // Blocks 0-1 on stage 0's partitions, 2-3 on stage 1's: a rank holds the
+  // parameters of its own stage's blocks only (none on a data-parallel
+  // copy), so by local counts the ranks would cut the model differently.
+  for (int k = 0; k < kBlocks; ++k) seq->push_back(Block(parts[k < 2 ? 0 : 1], false, Data::kRandom));
   smp::DistributedModel model(seq);
   EXPECT_EQ(model.bounds(), (std::vector<int>{0, 2, 4})) << "world rank " << mpi::world_rank();
 }
@@ -518,10 +519,134 @@ TEST(ThreeD, BadInputRaisesOnEveryRank) {
       EXPECT_NE(std::string(e.what()).find("out_features 1 must be at least M = 2"), std::string::npos) << e.what();
     }
   }
+  if (smp::tp_size() > 1) {
+    // 1 input feature over 2 tp ranks: the reduce-scatter layer cannot split it.
+    const smp::StagePartitions P = smp::stage_partitions(0);
+    try {
+      nn::DistributedLinearReduceScatter bad(P.features, 1, kHidden, nn::LinearOptions{}, P.tokens);
+      ADD_FAILURE() << "in_features 1 over tp 2 was accepted";
+    } catch (const PartitionError& e) {
+      EXPECT_NE(std::string(e.what()).find("in_features 1 and out_features 4 must be at least M = 2"),
+                std::string::npos) << e.what();
+    }
+  }
   // Still usable: a block builds and smp answers.
   const smp::StagePartitions P = smp::stage_partitions(0);
   Block ok(P, false, Data::kRandom);
   EXPECT_EQ(smp::allgather(1, smp::WORLD).size(), static_cast<size_t>(n));
+}
+
+// The raised error's text on this rank ("" when nothing was raised).
+template <typename F>
+std::string usage_error(F&& f) {
+  try {
+    f();
+  } catch (const smp::UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_RAISED(text, needle) \
+  EXPECT_NE((text).find(needle), std::string::npos) << "world rank " << mpi::world_rank() << " saw: " << (text)
+
+// Bad input (issue 32 item 6): models that do not fit the 3-D layout raise
+// smp::UsageError on every rank when the DistributedModel is built (before
+// any step), and a good model trains afterwards.
+TEST(ThreeD, ModelsThatDoNotFitTheLayoutRaiseOnEveryRank) {
+  const int n = mpi::world_size();
+  if (n == 1) GTEST_SKIP() << "one rank: every model fits";
+  smp::Config config;
+  config.partitions = n % 2 == 0 ? 2 : 1;
+  config.tensor_parallel_degree = n % 4 == 0 ? 2 : 1;
+  smp::init(config);
+  const int pp = smp::pp_size(), tp = smp::tp_size();
+  std::vector<smp::StagePartitions> parts;
+  for (int s = 0; s < pp; ++s) parts.push_back(smp::stage_partitions(s));
+  nn::LinearOptions o;
+  o.dtype = at::kDouble;
+
+  if (pp > 1) {
+    // A stage boundary inside a block: the blocks' layers as separate
+    // children, each block on its stage's partitions, split after block 0's
+    // all-gather layer.
+    torch::nn::Sequential seq;
+    for (int s = 0; s < 2; ++s) {
+      seq->push_back(nn::DistributedLinearAllGather(parts[s].features, kHidden, kFfn, o, parts[s].tokens));
+      seq->push_back(torch::nn::Tanh());
+      seq->push_back(nn::DistributedLinearReduceScatter(parts[s].features, kFfn, kHidden, o, parts[s].tokens));
+    }
+    const std::string e = usage_error([&] { smp::DistributedModel m(seq, {1}); });
+    EXPECT_RAISED(e, "layer 2 ('2') runs on stage 1");
+    EXPECT_RAISED(e, "was built on the ranks of pp rank 0 (smp::stage_partitions(0)): a stage boundary falls "
+                     "inside a tensor-parallel block");
+  }
+  const std::vector<int> ranks = smp::stage_workers(0);
+  const int64_t n0 = static_cast<int64_t>(ranks.size());
+  if (n0 > 1) {
+    // A layer whose tp split disagrees with the tp degree: stage 0's ranks
+    // as 1 x 1 x n0 (tp < n0) or n0 x 1 x 1 (tp = n0).
+    const Shape shape = tp == n0 ? Shape{n0, 1, 1} : Shape{1, 1, n0};
+    const auto P = mpi::Partition::world().create_partition_inclusive(ranks).create_cartesian_topology_partition(shape);
+    torch::nn::Sequential seq;
+    seq->push_back(nn::DistributedLinearAllGather(P, kHidden, kFfn, o));
+    for (int s = 1; s < pp; ++s) seq->push_back(Block(parts[s], false, Data::kRandom));
+    const std::string e = usage_error([&] { smp::DistributedModel m(seq); });
+    EXPECT_RAISED(e, "layer 0 ('0') runs on stage 0");
+    EXPECT_RAISED(e, "splits its features over M = " + std::to_string(shape.back()) + " workers");
+    EXPECT_RAISED(e, "tensor_parallel_degree is " + std::to_string(tp));
+  }
+  if (n0 > 1) {
+    // A layer on some of the stage's ranks only: all but its last.
+    const std::vector<int> some(ranks.begin(), ranks.end() - 1);
+    const auto P =
+        mpi::Partition::world().create_partition_inclusive(some).create_cartesian_topology_partition(
+            {1, 1, static_cast<int64_t>(some.size())});
+    torch::nn::Sequential seq;
+    seq->push_back(nn::DistributedLinearAllGather(P, kHidden, kFfn, o));
+    for (int s = 1; s < pp; ++s) seq->push_back(Block(parts[s], false, Data::kRandom));
+    const std::string e = usage_error([&] { smp::DistributedModel m(seq); });
+    EXPECT_RAISED(e, "which are no stage's ranks; build it on smp::stage_partitions(0)");
+  }
+  {
+    // Different models on different ranks: the last rank's has a GELU
+    // where the others have a Tanh, then another layer; then different
+    // split points.
+    const bool last = mpi::world_rank() == n - 1;
+    auto plain = [&](bool odd, int extra) {
+      torch::nn::Sequential seq;
+      for (int s = 0; s < pp; ++s) {
+        seq->push_back(torch::nn::Linear(kHidden, kHidden));
+        if (odd) seq->push_back(torch::nn::GELU());
+        else seq->push_back(torch::nn::Tanh());
+      }
+      for (int i = 0; i < extra; ++i) seq->push_back(torch::nn::Tanh());
+      return seq;
+    };
+    std::string e = usage_error([&] { smp::DistributedModel m(plain(last, 0)); });
+    EXPECT_RAISED(e, "the ranks built different models");
+    EXPECT_RAISED(e, "layer 1 is torch::nn::TanhImpl on world rank 0 and torch::nn::GELUImpl on world rank " +
+                         std::to_string(n - 1));
+    e = usage_error([&] { smp::DistributedModel m(plain(false, last ? 1 : 0)); });
+    EXPECT_RAISED(e, "world rank 0 has " + std::to_string(2 * pp) + " layers, world rank " + std::to_string(n - 1) +
+                         " has " + std::to_string(2 * pp + 1));
+    if (pp > 1) {
+      e = usage_error([&] { smp::DistributedModel m(plain(false, 1), {last ? 2 : 1}); });
+      EXPECT_RAISED(e, "world rank 0 gives the split points [1], world rank " + std::to_string(n - 1) + " [2]");
+    }
+  }
+  // A model that fits still builds and trains a step.
+  torch::nn::Sequential seq;
+  for (int s = 0; s < pp; ++s) seq->push_back(Block(parts[s], false, Data::kRandom));
+  smp::DistributedModel model(seq);
+  auto train = smp::step([&](at::Tensor xb) {
+    at::Tensor loss = model(xb).pow(2).sum();
+    model.backward(loss);
+    return loss;
+  });
+  const at::Tensor x = at::randn({2 * kMicrobatches, kTokens / tp, kHidden}, at::kDouble);
+  train(x);
+  EXPECT_GT(model.stats().forwards, 0);
 }
 
 }  // namespace

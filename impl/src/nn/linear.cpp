@@ -282,6 +282,7 @@ LayerTraffic layer_traffic() { return {g_traffic[kModelParallel].load(), g_traff
 // --- DistributedLinearBase ---------------------------------------------------
 
 int64_t DistributedLinearBase::in_features() const { return layout_->in; }
+const mpi::Partition& DistributedLinearBase::partition() const { return layout_->P_layer; }
 int64_t DistributedLinearBase::out_features() const { return layout_->out; }
 bool DistributedLinearBase::has_bias() const { return layout_->bias; }
 std::array<int64_t, 4> DistributedLinearBase::weight_block() const {

@@ -6,13 +6,16 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <set>
+#include <sstream>
 
 #include "partita/mpi/poll.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/smp/communicators.hpp"
 #include "partita/smp/schedule.hpp"
+#include "partita/smp/tensor_parallel.hpp"
 
 namespace partita::smp::detail {
 
@@ -44,6 +47,120 @@ detail::LayerCall layer_call(const std::shared_ptr<torch::nn::Module>& m) {
   for (const auto& adapter : layer_adapters())
     if (auto c = adapter(m)) return c;
   return {};
+}
+
+std::string list_text(const std::vector<int>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+// What every rank must have built alike, one layer: its type, the types
+// inside it, the distributed layers' sizes and partitions, and the shapes
+// of the parameters every replica holds whole.
+std::string describe_layer(const std::shared_ptr<torch::nn::Module>& m) {
+  std::ostringstream os;
+  os << m->name();
+  for (const auto& sub : m->modules(/*include_self=*/true)) {
+    if (sub != m) os << " " << sub->name();
+    if (auto d = std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub))
+      os << "(" << d->in_features() << " -> " << d->out_features() << " on "
+         << (d->partition().is_null() ? std::string("none") : d->partition().describe()) << ")";
+  }
+  for (const auto& p : replicated_parameters(m)) {
+    os << " [";
+    for (int64_t i = 0; i < p.dim(); ++i) os << (i ? "x" : "") << p.size(i);
+    os << "]";
+  }
+  return os.str();
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream is(s);
+  for (std::string line; std::getline(is, line);) out.push_back(line);
+  return out;
+}
+
+// Every rank must have built the same model with the same split points (a
+// rank whose model differs would run other layers, or wait for messages
+// that never come): one allgather over the world, the same verdict on
+// every rank. `problem`: this rank's own reason the model cannot run.
+void agree_on_the_model(const Stages& m, const std::vector<int>& split_points, const std::string& problem) {
+  std::string mine = std::to_string(m.children.size()) + "\n" + list_text(split_points);
+  for (size_t i = 0; i < m.children.size(); ++i) mine += "\n" + describe_layer(m.children[i]);
+  const auto all = allgather(problem.empty() ? mine : "!" + problem, WORLD);
+  const auto stage_of = [](int r) { return std::to_string(layout().place(r).pp_rank); };
+  for (size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty() && all[r][0] == '!')
+      throw UsageError("smp::DistributedModel: on stage " + stage_of(static_cast<int>(r)) + " (world rank " +
+                       std::to_string(r) + "), " + all[r].substr(1));
+  const auto first = split_lines(all[0]);
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const auto theirs = split_lines(all[r]);
+    const std::string head = "smp::DistributedModel: the ranks built different models (every rank must build the "
+                             "same model and give the same split points): ";
+    const std::string zero = "world rank 0", other = "world rank " + std::to_string(r);
+    if (theirs[0] != first[0])
+      throw UsageError(head + zero + " has " + first[0] + " layers, " + other + " has " + theirs[0]);
+    if (theirs[1] != first[1])
+      throw UsageError(head + zero + " gives the split points " + first[1] + ", " + other + " " + theirs[1]);
+    for (size_t i = 2; i < first.size() && i < theirs.size(); ++i)
+      if (theirs[i] != first[i])
+        throw UsageError(head + "layer " + std::to_string(i - 2) + " is " + first[i] + " on " + zero + " and " +
+                         theirs[i] + " on " + other);
+  }
+}
+
+// partita's distributed layers in the layers of stage k must run on stage
+// k's ranks (pp rank k mod pp_size, every replica and tp rank: what
+// smp::stage_partitions(k) gives), split over tp along their model axis.
+// Every rank checks every layer (the same verdict everywhere; agreed over
+// the world all the same).
+void check_tensor_parallel_layers(const Stages& m, int ranks) {
+  std::string problem;
+  const Layout& l = layout();
+  auto sorted = [](std::vector<int> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  for (size_t k = 0; k + 1 < m.bounds.size() && problem.empty(); ++k)
+    for (int i = m.bounds[k]; i < m.bounds[k + 1] && problem.empty(); ++i)
+      for (const auto& sub : m.children[i]->modules(/*include_self=*/true)) {
+        auto d = std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub);
+        if (!d) continue;
+        const int pp = static_cast<int>(k) % ranks;
+        const mpi::Partition& P = d->partition();
+        const std::vector<int> want = sorted(stage_workers(pp));
+        const std::vector<int> got = P.is_null() ? std::vector<int>{} : sorted(P.workers());
+        const std::string what = "layer " + std::to_string(i) + " ('" + m.names[i] + "') runs on stage " +
+                                 std::to_string(k) + " (pp rank " + std::to_string(pp) + ", world ranks " +
+                                 list_text(want) + "), but its " + sub->name();
+        if (got != want) {
+          int built_for = -1;
+          for (int s = 0; s < ranks; ++s)
+            if (sorted(stage_workers(s)) == got) built_for = s;
+          if (built_for >= 0)
+            problem = what + " was built on the ranks of pp rank " + std::to_string(built_for) +
+                      " (smp::stage_partitions(" + std::to_string(built_for) + ")): a stage boundary falls inside "
+                      "a tensor-parallel block, or the layer was built for another stage";
+          else
+            problem = what + " was built on world ranks " + list_text(got) + ", which are no stage's ranks; build "
+                      "it on smp::stage_partitions(" + std::to_string(pp) + ")";
+        } else if (P.cartesian() && !std::dynamic_pointer_cast<nn::DistributedLinearImpl>(sub) &&
+                   P.shape().back() != l.tp_size()) {
+          problem = what + " splits its features over M = " + std::to_string(P.shape().back()) +
+                    " workers (partition " + P.describe() + "), and tensor_parallel_degree is " +
+                    std::to_string(l.tp_size()) + "; build it on smp::stage_partitions(" + std::to_string(pp) + ")";
+        }
+        if (!problem.empty()) break;
+      }
+  const auto all = allgather(problem, WORLD);
+  for (const auto& p : all)
+    if (!p.empty()) throw UsageError("smp::DistributedModel: " + p);
 }
 
 }  // namespace
@@ -105,15 +222,7 @@ Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const 
                 "move them into a child";
   }
   const int n = static_cast<int>(m.children.size());
-  // Every stage of the pipeline must have built the same number of layers.
-  const auto counts = allgather(problem.empty() ? std::to_string(n) : "!" + problem, PP_GROUP);
-  for (int s = 0; s < ranks; ++s)
-    if (!counts[s].empty() && counts[s][0] == '!')
-      throw UsageError("smp::DistributedModel: on stage " + std::to_string(s) + ", " + counts[s].substr(1));
-  for (int s = 0; s < ranks; ++s)
-    if (counts[s] != counts[0])
-      throw UsageError("smp::DistributedModel: the stages built different models: stage 0 has " + counts[0] +
-                       " layers, stage " + std::to_string(s) + " has " + counts[s]);
+  agree_on_the_model(m, split_points, problem);
   // Virtual stages: every rank holds v chunks of at least one layer, so
   // the model needs ranks * v layers (the same verdict on every rank: the
   // counts agree).
@@ -158,6 +267,9 @@ Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const 
     }
     m.bounds.push_back(n);
   }
+  bool distributed = false;
+  for (const auto& child : m.children) distributed = distributed || holds_distributed_layers(child);
+  if (distributed) check_tensor_parallel_layers(m, ranks);  // (every rank takes this branch or none: agreed above)
   m.calls = std::move(calls);
   return m;
 }

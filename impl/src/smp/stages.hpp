@@ -19,13 +19,14 @@ struct Stages {
   std::vector<int> bounds;  // stages + 1 numbers: stage s holds layers [bounds[s], bounds[s+1])
 };
 
-// Collective over the pp group of `ranks` (they compare their layer
-// counts): the model's layers (a Sequential's children, or any module's
-// ordered children of callable types) split into ranks * v stages (v
-// virtual stages per rank) by `split_points` (empty: balanced by parameter
-// count). UsageError on every rank for a child the pipeline cannot call,
-// parameters outside the children, different models on different ranks,
-// fewer layers than stages, bad split points.
+// Collective over the world (the ranks compare their models): the model's
+// layers (a Sequential's children, or any module's ordered children of
+// callable types) split into ranks * v stages (v virtual stages per rank)
+// by `split_points` (empty: balanced by parameter count). UsageError on
+// every rank for a child the pipeline cannot call, parameters outside the
+// children, different models or split points on different ranks, fewer
+// layers than stages, bad split points, and distributed layers not built
+// on their stage's ranks with M = tp (docs/3d.md, "Bad input").
 Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const std::vector<int>& split_points,
                          int ranks, int v = 1);
 

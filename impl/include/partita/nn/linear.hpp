@@ -84,6 +84,10 @@ class DistributedLinearBase : public torch::nn::Module {
   // {start, length}; zero lengths where the rank owns none.
   std::array<int64_t, 4> weight_block() const;
   std::array<int64_t, 2> bias_block() const;
+  // Every worker taking part in a call, as the layer was built on it (the
+  // all-gather layers' P_y, the reduce-scatter layers' P_x: D x ... x 1 x
+  // M; DistributedLinear's P_x, P_W and P_y together).
+  const mpi::Partition& partition() const;
 
   // The global layer, assembled from every owner's block: collective over
   // the layer's workers, returned on each of them; nullptr elsewhere.

@@ -130,12 +130,14 @@ void register_layer() {
 
 class DistributedModel {
  public:
-  // Collective over the pp group (smp::init first). `split_points`: empty
+  // Collective over the world (smp::init first). `split_points`: empty
   // (balanced by parameter count) or pp_size - 1 increasing layer indices in
   // (0, layers) at which a new stage starts. Every rank builds the same
   // model; this rank keeps layers [first_layer(), end_layer()). UsageError
-  // on every rank when the model has fewer layers than stages, the ranks'
-  // models have different layer counts, or the split points are bad.
+  // on every rank when the model has fewer layers than stages, the ranks
+  // built different models or gave different split points, partita's
+  // distributed layers are not on their stage's ranks with M = tp
+  // (docs/3d.md, "Bad input"), or the split points are bad.
   explicit DistributedModel(torch::nn::Sequential model, std::vector<int> split_points = {});
   // Any other module whose layers are its children: named_children(), in
   // the order they were registered, are the layers, and the module's
