@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <climits>
 #include <chrono>
 #include <thread>
 
@@ -318,6 +319,18 @@ TEST(SmpObjects, UnencodableObjectRaisesEverywhere) {
     smp::allgather(smp::rank() == n - 1 ? sparse : object_of(smp::rank()), smp::WORLD);
   });
   EXPECT_CONTAINS(all, "member " + std::to_string(n - 1) + ": the sender could not encode its object");
+}
+
+// An object whose message would pass MPI's count (INT_MAX bytes) travels as
+// an error frame, as an unencodable one above: the rule, on sizes (an
+// object of 2 GiB would take 4 GiB per rank to encode in a test).
+TEST(SmpObjects, MessagesAboveMpisCountLimitAreRefused) {
+  const auto limit = static_cast<std::size_t>(INT_MAX);
+  EXPECT_EQ(smp::message::too_large_for_one_message(limit, limit), "");
+  EXPECT_EQ(smp::message::too_large_for_one_message(0, limit), "");
+  EXPECT_CONTAINS(smp::message::too_large_for_one_message(limit + 1, limit),
+                  "the object's message is 2147483648 bytes, above MPI's count limit (2147483647 bytes");
+  EXPECT_CONTAINS(smp::message::too_large_for_one_message(65, 64), "65 bytes");
 }
 
 // --- bytes that are not a message --------------------------------------------------------

@@ -427,6 +427,12 @@ c10::IValue decode_ivalue(const char* data, std::size_t n) {
 
 std::string error_frame(const std::string& text) { return frame(Kind::Error, 0, text); }
 
+std::string too_large_for_one_message(std::size_t bytes, std::size_t limit) {
+  if (bytes <= limit) return {};
+  return "the object's message is " + std::to_string(bytes) + " bytes, above MPI's count limit (" +
+         std::to_string(limit) + " bytes in one message); nothing was sent";
+}
+
 }  // namespace partita::smp::message
 
 namespace partita::smp::detail {

@@ -6,6 +6,7 @@
 // for a message that never comes, and the sender raises it too.
 #include <ATen/core/ivalue.h>
 
+#include <climits>
 #include <optional>
 
 #include "partita/smp.hpp"
@@ -21,11 +22,17 @@ struct Encoded {
 };
 
 Encoded encode(const c10::IValue& obj) {
+  std::string frame;
   try {
-    return {message::encode_ivalue(obj), std::nullopt};
+    frame = message::encode_ivalue(obj);
   } catch (const MessageError& e) {
     return {message::error_frame(e.what()), e};
   }
+  // One message carries at most INT_MAX bytes (MPI's int count).
+  const std::string why =
+      message::too_large_for_one_message(frame.size(), static_cast<std::size_t>(INT_MAX));
+  if (!why.empty()) return {message::error_frame(why), MessageError(why)};
+  return {std::move(frame), std::nullopt};
 }
 
 c10::IValue decode(const detail::Frame& f, const std::string& context) {

@@ -71,4 +71,11 @@ c10::IValue decode_ivalue_payload(const char* payload, std::size_t length);
 
 std::string error_frame(const std::string& text);
 
+// MPI counts bytes in an int: a frame of more than INT_MAX bytes cannot
+// travel as one message. Says why for such a size (empty when it fits);
+// the object's sender then sends an error frame instead, so that every
+// receiver raises as for an object that cannot be encoded, before anything
+// larger is posted. `limit` is MPI's, INT_MAX; tests pass others.
+std::string too_large_for_one_message(std::size_t bytes, std::size_t limit);
+
 }  // namespace partita::smp::message
