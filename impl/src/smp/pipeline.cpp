@@ -139,10 +139,11 @@ int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(
 
 void post_bytes(std::string bytes, MPI_Datatype type, int count_divisor, int dest, int tag, MPI_Comm comm) {
   InFlight& f = g_step->inflight;
+  const int count = mpi_units(static_cast<int64_t>(bytes.size()) / count_divisor, "units",
+                              "smp::step: a control message");
   f.bytes.push_back(std::move(bytes));
   MPI_Request r;
-  PARTITA_MPI_CHECK(MPI_Isend(f.bytes.back().data(), static_cast<int>(f.bytes.back().size()) / count_divisor, type,
-                              dest, tag, comm, &r));
+  PARTITA_MPI_CHECK(MPI_Isend(f.bytes.back().data(), count, type, dest, tag, comm, &r));
   f.requests.push_back(r);
 }
 
@@ -904,8 +905,14 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       if (last()) {
         std::vector<at::Tensor> mine;
         for (at::Tensor* t : returned) mine.push_back(t->defined() ? t->detach() : *t);
-        const std::string bytes = message::encode_ivalue(c10::IValue(c10::List<at::Tensor>(mine)));
+        std::string bytes = message::encode_ivalue(c10::IValue(c10::List<at::Tensor>(mine)));
+        // Above MPI's count the other stages get an error frame instead,
+        // which their decoding raises, as this stage does.
+        const std::string why = message::too_large_for_one_message(
+            bytes.size(), static_cast<std::size_t>(std::numeric_limits<int>::max()));
+        if (!why.empty()) bytes = message::error_frame("the last stage's returned values: " + why);
         for (int s = 0; s + 1 < stages; ++s) post_bytes(bytes, MPI_BYTE, 1, peer(s), tag, raw);
+        if (!why.empty()) throw MessageError(where(0) + ": the last stage's returned values: " + why);
       } else {
         const std::string bytes = receive_bytes(peer(stages - 1), tag, raw, where(0) + ": receiving the returned values from the last stage");
         const auto list = message::decode_ivalue(bytes.data(), bytes.size()).toTensorVector();
