@@ -455,6 +455,24 @@ TEST(BadInput, CommAllreduceDtypesDiffer) {
       comm_still_works);
 }
 
+// A static-shapes promise (docs/static-shapes.md) broken on one rank, with
+// the debug setting on: every rank raises input.static_shapes, and the call
+// site goes on working with the shapes it promised.
+TEST(BadInput, CommStaticShapesPromiseBroken) {
+  const bool was = mpi::check_static_shapes();
+  mpi::set_check_static_shapes(true);
+  const mpi::StaticShapes site = mpi::StaticShapes::promise();
+  const auto promised = [&]() -> std::string {
+    return differs(comm().allreduce(at::ones({2}, at::kDouble), ReduceOp::kSum, site),
+                   at::full({2}, static_cast<double>(n()), at::kDouble));
+  };
+  EXPECT_EQ(promised(), "");  // the first call: the promise
+  row<ShapeError>(
+      rule_code::kStaticShapes,
+      [&] { comm().allreduce(at::ones({me() == 1 ? 3 : 2}, at::kDouble), ReduceOp::kSum, site); }, promised);
+  mpi::set_check_static_shapes(was);
+}
+
 TEST(BadInput, CommBcastRootsDiffer) {
   row<ShapeError>("other roots", [] { comm().bcast_(at::ones({2}, at::kDouble), me() == 1 ? 0 : 1); },
                   comm_still_works);
