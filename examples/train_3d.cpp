@@ -4,8 +4,8 @@
 // copy this file to start a program of your own.
 //
 //   mpiexec.mpich -n 8 build/examples/train_3d            # pp 2 x tp 2 x dp 2
-//   PARTITA_SMP_CONFIG='{"partitions": 2, "tensor_parallel_degree": 4}' \
-//     mpiexec.mpich -n 8 build/examples/train_3d           # pp 2 x tp 4 x dp 1
+//   # pp 2 x tp 4 x dp 1:
+//   PARTITA_SMP_CONFIG='{"partitions": 2, "tensor_parallel_degree": 4}' mpiexec.mpich -n 8 build/examples/train_3d
 //
 // Prints the layout, then the whole batch's loss at every step; exits 0
 // when the loss fell over the run ("train_3d: the loss fell ...").

@@ -1136,7 +1136,9 @@ PipelineStep::PipelineStep(int microbatches, std::string fingerprint) {
     actions_.push_back(list[i].kind == ActionKind::kForward && list[i].stage == call_stage
                            ? list[i].microbatch
                            : -static_cast<int>(i) - 1);
-  g_step = new StepState{microbatches, std::move(fingerprint), nullptr};
+  g_step = new StepState();
+  g_step->microbatches = microbatches;
+  g_step->fingerprint = std::move(fingerprint);
   g_step->list = std::move(list);
   g_step->chunks = s.stages / s.ranks;
   if (pipelined && size() > 1) {
