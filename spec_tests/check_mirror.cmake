@@ -5,7 +5,8 @@
 #    have nothing to emulate);
 #  - a file of reference/src/nn/, mpi/ or smp/ has no twin under impl/src/;
 #  - a public header partita/nn/X.hpp has no impl/src/nn/X.cpp (one file per
-#    primitive and layer: ReduceScatter is not inside all_gather.cpp).
+#    primitive and layer: ReduceScatter is not inside all_gather.cpp), but
+#    functional.hpp and traffic.hpp, which declare no primitive or layer.
 # impl/src/smp/ is only checked from the reference's side: seed 004's API has
 # no serial twin under reference/src/smp/ yet.
 # Usage: cmake -DSOURCE_DIR=<repository> -P check_mirror.cmake
@@ -59,6 +60,7 @@ endforeach()
 file(GLOB headers RELATIVE ${SOURCE_DIR}/impl/include/partita/nn
      ${SOURCE_DIR}/impl/include/partita/nn/*.hpp)
 list(REMOVE_ITEM headers functional.hpp)  # the functional forms of every primitive
+list(REMOVE_ITEM headers traffic.hpp)  # the Linear layers' byte counters, kept in linear.cpp (no layer)
 foreach(h IN LISTS headers)
   math(EXPR checked "${checked} + 1")
   string(REGEX REPLACE "\\.hpp$" ".cpp" f "${h}")
