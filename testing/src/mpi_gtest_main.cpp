@@ -1,11 +1,18 @@
 // main() of every MPI GoogleTest binary: MPI up, one gtest run per rank with
 // only rank 0 printing the progress (other ranks print their failures, each
-// line tagged with the rank), and one exit code agreed by all ranks.
+// line tagged with the rank), one final summary agreed by all ranks (which
+// tests failed on which ranks), and one exit code agreed by all ranks.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "partita/testing/lockstep.hpp"
 #include "partita/mpi/runtime.hpp"
@@ -43,6 +50,171 @@ class RenewAfterMissedDeadline : public ::testing::EmptyTestEventListener {
   long seen_ = 0;
 };
 
+// The end-of-run summary, agreed by the ranks. gtest's own summary on rank 0
+// tells rank 0's results only: a test that failed on rank 1 alone would end
+// with "[  PASSED  ]" above an exit status of 1. At the end of each iteration
+// every rank sends rank 0 the names of the tests that failed on it (and
+// whether it missed a deadline no test expected); rank 0 prints gtest's
+// summary only when nothing failed anywhere, and otherwise its own, naming
+// each failing test with the ranks it failed on. The agreement is on the
+// harness's communicator, blocking, as every other agreement of this file
+// (a rank that never gets here is the watchdog's and ctest's care).
+// On rank 0 this listener also carries gtest's printer and forwards every
+// other event to it.
+class AgreedSummary : public ::testing::TestEventListener {
+ public:
+  // `printer`: gtest's default printer (rank 0) or null (other ranks).
+  explicit AgreedSummary(::testing::TestEventListener* printer) : printer_(printer) {}
+
+  void OnTestIterationEnd(const ::testing::UnitTest& unit, int iteration) override {
+    const MPI_Comm comm = partita::testing::harness_comm();
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    // This rank's failures, one name a line, in the order the tests ran.
+    std::string mine;
+    for (const auto& name : failed_here(unit)) mine += name + "\n";
+    if (partita::mpi::deadline_misses() != partita::testing::expected_deadline_misses())
+      mine += std::string(kUnexpectedMiss) + "\n";
+    int length = static_cast<int>(mine.size());
+    std::vector<int> lengths(size), starts(size);
+    MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
+    std::string all;
+    if (rank == 0) {
+      for (int r = 0, at = 0; r < size; ++r) starts[r] = at, at += lengths[r];
+      all.resize(static_cast<size_t>(starts[size - 1] + lengths[size - 1]));
+    }
+    MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), starts.data(), MPI_CHAR,
+                0, comm);
+    if (rank != 0) return;
+    if (all.empty()) {  // nothing failed anywhere: gtest's summary is true
+      if (printer_) printer_->OnTestIterationEnd(unit, iteration);
+      return;
+    }
+    // Which ranks each failure happened on, in the order the tests ran.
+    std::map<std::string, std::vector<int>> ranks_of;
+    std::vector<std::string> order;
+    for (int r = 0; r < size; ++r) {
+      std::istringstream lines(
+          all.substr(static_cast<size_t>(starts[r]), static_cast<size_t>(lengths[r])));
+      for (std::string name; std::getline(lines, name);) {
+        auto& ranks = ranks_of[name];
+        if (ranks.empty()) order.push_back(name);
+        ranks.push_back(r);
+      }
+    }
+    std::vector<std::string> listed;
+    for (const auto& name : all_tests(unit))
+      if (ranks_of.count(name)) listed.push_back(name);
+    for (const auto& name : order)  // not a test of rank 0's run
+      if (std::find(listed.begin(), listed.end(), name) == listed.end()) listed.push_back(name);
+    int tests = 0;
+    for (const auto& name : listed) tests += name != kUnexpectedMiss;
+    std::ostringstream os;  // one write
+    const int ran = unit.test_to_run_count();
+    os << "[==========] " << count(ran, "test") << " from "
+       << count(unit.test_suite_to_run_count(), "test suite") << " ran on " << size
+       << " ranks. (" << unit.elapsed_time() << " ms total on rank 0)\n"
+       << "[  FAILED  ] " << tests << " of " << count(ran, "test")
+       << " failed on some rank (the progress lines above are rank 0's), listed below:\n";
+    for (const auto& name : listed) {
+      const auto& ranks = ranks_of[name];
+      os << "[  FAILED  ] " << name << " on rank" << (ranks.size() > 1 ? "s " : " ");
+      for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
+      os << "\n";
+    }
+    os << "\n " << tests << " FAILED TEST" << (tests == 1 ? "" : "S") << " (on any rank)\n";
+    std::cout << os.str() << std::flush;
+  }
+
+  // Everything else goes to gtest's printer as it would without this listener.
+  void OnTestProgramStart(const ::testing::UnitTest& u) override {
+    fwd([&](auto* p) { p->OnTestProgramStart(u); });
+  }
+  void OnTestIterationStart(const ::testing::UnitTest& u, int i) override {
+    fwd([&](auto* p) { p->OnTestIterationStart(u, i); });
+  }
+  void OnEnvironmentsSetUpStart(const ::testing::UnitTest& u) override {
+    fwd([&](auto* p) { p->OnEnvironmentsSetUpStart(u); });
+  }
+  void OnEnvironmentsSetUpEnd(const ::testing::UnitTest& u) override {
+    fwd([&](auto* p) { p->OnEnvironmentsSetUpEnd(u); });
+  }
+  void OnTestSuiteStart(const ::testing::TestSuite& s) override {
+    fwd([&](auto* p) { p->OnTestSuiteStart(s); });
+  }
+  void OnTestCaseStart(const ::testing::TestCase& s) override {
+    fwd([&](auto* p) { p->OnTestCaseStart(s); });
+  }
+  void OnTestStart(const ::testing::TestInfo& t) override {
+    fwd([&](auto* p) { p->OnTestStart(t); });
+  }
+  void OnTestDisabled(const ::testing::TestInfo& t) override {
+    fwd([&](auto* p) { p->OnTestDisabled(t); });
+  }
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    fwd([&](auto* p) { p->OnTestPartResult(r); });
+  }
+  void OnTestEnd(const ::testing::TestInfo& t) override {
+    fwd([&](auto* p) { p->OnTestEnd(t); });
+  }
+  void OnTestSuiteEnd(const ::testing::TestSuite& s) override {
+    fwd([&](auto* p) { p->OnTestSuiteEnd(s); });
+  }
+  void OnTestCaseEnd(const ::testing::TestCase& s) override {
+    fwd([&](auto* p) { p->OnTestCaseEnd(s); });
+  }
+  void OnEnvironmentsTearDownStart(const ::testing::UnitTest& u) override {
+    fwd([&](auto* p) { p->OnEnvironmentsTearDownStart(u); });
+  }
+  void OnEnvironmentsTearDownEnd(const ::testing::UnitTest& u) override {
+    fwd([&](auto* p) { p->OnEnvironmentsTearDownEnd(u); });
+  }
+  void OnTestProgramEnd(const ::testing::UnitTest& u) override {
+    fwd([&](auto* p) { p->OnTestProgramEnd(u); });
+  }
+
+ private:
+  static constexpr const char* kUnexpectedMiss =
+      "(a wait missed its deadline outside any ExpectedDeadlineMisses scope)";
+
+  static std::string count(int n, const std::string& what) {
+    return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+  }
+
+  template <typename F>
+  void fwd(F f) {
+    if (printer_) f(printer_.get());
+  }
+
+  static std::vector<std::string> all_tests(const ::testing::UnitTest& unit) {
+    std::vector<std::string> names;
+    for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+      const auto* suite = unit.GetTestSuite(i);
+      for (int j = 0; j < suite->total_test_count(); ++j)
+        names.push_back(std::string(suite->name()) + "." + suite->GetTestInfo(j)->name());
+    }
+    return names;
+  }
+
+  static std::vector<std::string> failed_here(const ::testing::UnitTest& unit) {
+    std::vector<std::string> names;
+    for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+      const auto* suite = unit.GetTestSuite(i);
+      for (int j = 0; j < suite->total_test_count(); ++j) {
+        const auto* test = suite->GetTestInfo(j);
+        if (test->should_run() && test->result()->Failed())
+          names.push_back(std::string(suite->name()) + "." + test->name());
+      }
+    }
+    // A failure outside any test (a global environment, a static object).
+    if (unit.ad_hoc_test_result().Failed()) names.push_back("(outside any test)");
+    return names;
+  }
+
+  std::unique_ptr<::testing::TestEventListener> printer_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,17 +222,20 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   partita::testing::set_program_name(argv[0]);
   const int rank = partita::mpi::world_rank();
+  auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+  ::testing::TestEventListener* printer = listeners.Release(listeners.default_result_printer());
   if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     // One report per run: only rank 0 writes --gtest_output (the ranks would
     // otherwise write the same file at once and corrupt it). The writer is
     // set up by InitGoogleTest, so it is removed, not just the flag cleared.
     delete listeners.Release(listeners.default_xml_generator());
-    delete listeners.Release(listeners.default_result_printer());
+    delete printer;
+    printer = nullptr;
     listeners.Append(new RankFailurePrinter(rank));
   }
+  listeners.Append(new AgreedSummary(printer));  // rank 0's printer lives in it
   partita::testing::harness_comm();  // made now, while every rank is here
-  ::testing::UnitTest::GetInstance()->listeners().Append(new RenewAfterMissedDeadline);
+  listeners.Append(new RenewAfterMissedDeadline);
   const int local = RUN_ALL_TESTS();
   const long misses = partita::mpi::deadline_misses();
   const long unexpected = misses - partita::testing::expected_deadline_misses();
