@@ -514,6 +514,48 @@ TEST(BadInput, CommPeerOutOfRange) {
       comm_still_works);
 }
 
+// A receive whose tensor is not the size of its send's (docs/bad-inputs.md):
+// the receiver raises input.message_size at its wait, naming the sender and
+// both sizes; the sender's send completes with its values (MPI gives a send
+// no word of the receive's size). Small messages and ones of 1 MiB and more
+// (MPICH's eager and rendezvous protocols), then a correct pair on the same
+// tag and an allreduce. Rank 2 (at 3 ranks) is not involved.
+std::string p2p_still_works() {
+  const at::Tensor t = at::arange(5, at::kDouble) * 3;
+  std::string got;
+  if (me() == 0) got = differs(comm().send(t, 1, 0), t);
+  if (me() == 1) got = differs(comm().recv(at::empty({5}, at::kDouble), 0, 0), t);
+  return got.empty() ? comm_still_works() : got;
+}
+
+void receive_of_another_size(int64_t sent, int64_t received, const std::string& needle) {
+  std::string sender = "rank 0 did not send";
+  row<ShapeError>(
+      needle,
+      [&] {
+        const at::Tensor t = at::arange(sent, at::kDouble);
+        if (me() == 0) sender = differs(comm().send(t, 1, 0), t);
+        if (me() == 1) comm().recv(at::empty({received}, at::kDouble), 0, 0);
+      },
+      [&]() -> std::string {
+        if (me() == 0 && !sender.empty()) return "rank 0's send: " + sender;
+        return p2p_still_works();
+      },
+      me() == 1);
+}
+
+TEST(BadInput, CommRecvSmallerThanSend) {
+  receive_of_another_size(6, 4, rule_code::kMessageSize);
+  receive_of_another_size(6, 4, "irecv from 0 (tag 0): the message was larger than the receive's tensor of shape [4]");
+  receive_of_another_size(int64_t{1} << 18, (int64_t{1} << 17) + 1, rule_code::kMessageSize);
+}
+
+TEST(BadInput, CommRecvLargerThanSend) {
+  receive_of_another_size(4, 6, rule_code::kMessageSize);
+  receive_of_another_size(4, 6, "irecv from 0 (tag 0): the message held 4 elements, fewer than the receive's tensor of shape [6]");
+  receive_of_another_size((int64_t{1} << 17) + 1, int64_t{1} << 18, rule_code::kMessageSize);
+}
+
 // ---- counts above MPI's limit (issue 35 item 5) ----------------------------------------------
 // MPI counts and displacements are ints. The inputs below are expanded
 // (zero-stride) byte tensors: their shapes ask for counts above INT_MAX and

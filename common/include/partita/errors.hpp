@@ -54,6 +54,7 @@ inline constexpr const char* kLinearInput = "linear.input";
 inline constexpr const char* kLinearParameters = "linear.parameters";
 inline constexpr const char* kCountOverflow = "input.count_overflow";  // more than INT_MAX
 inline constexpr const char* kStaticShapes = "input.static_shapes";  // a static-shapes promise broken
+inline constexpr const char* kMessageSize = "input.message_size";  // a receive's tensor vs its message
 inline constexpr const char* kInPlaceLeaf = "input.in_place_leaf";  // in-place call on a leaf requiring grad
 }  // namespace rule_code
 

@@ -15,6 +15,8 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <sstream>
+
 #include "comm_internal.hpp"
 #include "detail/team_comm.hpp"
 #include "partita/errors.hpp"
@@ -175,6 +177,24 @@ WaitHandle start(const std::shared_ptr<CommState>& state, const at::Tensor& t, i
   return WaitHandle(p, dummy);
 }
 
+// A receive whose message did not fill its tensor exactly (docs/bad-inputs.md,
+// "A receive of another size than its send"). `got`: the elements that came,
+// -1 when the message was larger than the tensor (MPI truncated it).
+[[noreturn]] void throw_message_size(const Pending& p, int64_t got) {
+  std::ostringstream os;
+  os << "Communicator::wait: " << p.what() << ": ";
+  if (got < 0)
+    os << "the message was larger than";
+  else
+    os << "the message held " << got << " elements, fewer than";
+  os << " the receive's tensor of shape " << at::IntArrayRef(p.sizes) << " ("
+     << p.buffer.numel() << " elements of " << p.options.dtype()
+     << "): a receive's tensor must have the shape and dtype of its send's (rank "
+     << p.peer << "'s send was of another size; MPI tells a sender nothing of its "
+     << "receive, so that rank's send completed as usual)";
+  throw ShapeError(os.str(), rule_code::kMessageSize);
+}
+
 }  // namespace
 
 WaitHandle Communicator::isend(const at::Tensor& t, int dest, int tag) const {
@@ -195,8 +215,15 @@ at::Tensor Communicator::wait(const WaitHandle& handle) const {
     throw Error("Communicator::wait: " + p->what() +
                 " was already waited on (a handle, or one joined from it with "
                 "join_dummies_handle, is waited on once)");
-  mpi::wait(p->request, p->what().c_str());
   p->waited = true;
+  if (p->kind == Pending::kRecv) {
+    const int64_t want = p->buffer.numel();
+    const int64_t got =
+        wait_received(p->request, mpi_datatype(p->buffer.scalar_type()), p->what().c_str());
+    if (got != want) throw_message_size(*p, got);
+  } else {
+    mpi::wait(p->request, p->what().c_str());
+  }
   // An isend's wait returns the sent values (mpi4torch); an irecv's what came.
   // A receive's buffer is fresh and nobody else's: it is the result.
   at::Tensor out;

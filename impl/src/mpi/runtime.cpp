@@ -187,6 +187,28 @@ void wait_all(int count, MPI_Request* requests, const char* what) {
 
 void wait(MPI_Request& request, const char* what) { poll(1, &request, what); }
 
+int64_t wait_received(MPI_Request& request, MPI_Datatype type, const char* what) {
+  MPI_Status status;
+  bool truncated = false;
+  poll_until(
+      [&] {
+        int done = 0;
+        const int code = MPI_Test(&request, &done, &status);
+        if (code == MPI_SUCCESS) return done != 0;
+        int cls = MPI_ERR_OTHER;
+        MPI_Error_class(code, &cls);
+        if (cls != MPI_ERR_TRUNCATE) check(code, "MPI_Test(&request, &done, &status)", __FILE__, __LINE__);
+        // A truncated receive is complete: MPI freed its request.
+        truncated = true;
+        return true;
+      },
+      what, true);
+  if (truncated) return -1;
+  int count = 0;
+  PARTITA_MPI_CHECK(MPI_Get_count(&status, type, &count));
+  return count == MPI_UNDEFINED ? -1 : count;
+}
+
 void check(int code, const char* call, const char* file, int line) {
   if (code == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING] = {0};

@@ -12,6 +12,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -58,6 +59,12 @@ const char* wait_policy_name(WaitPolicy policy);
 // default none) passes, the rank prints what it was waiting for and aborts
 // the job instead of hanging.
 void wait(MPI_Request& request, const char* what);
+// Finishes one receive, as wait(), and returns how many elements of `type`
+// arrived; -1 when the message was larger than the receive's buffer (MPI
+// truncated it, MPI_ERR_TRUNCATE; the message is consumed all the same) and
+// when its bytes are not a whole number of `type`s. The caller names the
+// mismatch; any other MPI error throws as wait() does.
+int64_t wait_received(MPI_Request& request, MPI_Datatype type, const char* what);
 void wait_all(std::vector<MPI_Request>& requests, const char* what);
 void wait_all(int count, MPI_Request* requests, const char* what);
 
