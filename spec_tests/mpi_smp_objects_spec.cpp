@@ -331,6 +331,21 @@ TEST(SmpObjects, MessagesAboveMpisCountLimitAreRefused) {
   EXPECT_CONTAINS(smp::message::too_large_for_one_message(limit + 1, limit),
                   "the object's message is 2147483648 bytes, above MPI's count limit (2147483647 bytes");
   EXPECT_CONTAINS(smp::message::too_large_for_one_message(65, 64), "65 bytes");
+  EXPECT_EQ(smp::message::too_large_for_one_message(limit), "");  // the default limit is MPI's
+  EXPECT_NE(smp::message::too_large_for_one_message(limit + 1), "");
+  // What a sender posts (objects and the pipeline's returned values): its
+  // frame when it fits; otherwise an error frame whose decoding raises the
+  // reason, with the context, on every receiver, and that reason to raise.
+  const std::string frame = smp::message::encode_ivalue(c10::IValue(int64_t{7}));
+  const auto fits = smp::message::one_message(frame, "ctx: ", frame.size());
+  EXPECT_EQ(fits.frame, frame);
+  EXPECT_EQ(fits.error, "");
+  const auto refused = smp::message::one_message(frame, "ctx: ", frame.size() - 1);
+  EXPECT_CONTAINS(refused.error, "ctx: the object's message is " + std::to_string(frame.size()) + " bytes");
+  EXPECT_CONTAINS(raised<smp::MessageError>([&] {
+                    smp::message::decode_ivalue(refused.frame.data(), refused.frame.size());
+                  }),
+                  "the sender could not encode its object: " + refused.error);
 }
 
 // --- bytes that are not a message --------------------------------------------------------

@@ -433,6 +433,13 @@ std::string too_large_for_one_message(std::size_t bytes, std::size_t limit) {
          std::to_string(limit) + " bytes in one message); nothing was sent";
 }
 
+OneMessage one_message(std::string frame, const std::string& context, std::size_t limit) {
+  const std::string why = too_large_for_one_message(frame.size(), limit);
+  if (why.empty()) return {std::move(frame), {}};
+  const std::string error = context + why;
+  return {error_frame(error), error};
+}
+
 }  // namespace partita::smp::message
 
 namespace partita::smp::detail {

@@ -6,7 +6,6 @@
 // for a message that never comes, and the sender raises it too.
 #include <ATen/core/ivalue.h>
 
-#include <climits>
 #include <optional>
 
 #include "partita/smp.hpp"
@@ -29,10 +28,9 @@ Encoded encode(const c10::IValue& obj) {
     return {message::error_frame(e.what()), e};
   }
   // One message carries at most INT_MAX bytes (MPI's int count).
-  const std::string why =
-      message::too_large_for_one_message(frame.size(), static_cast<std::size_t>(INT_MAX));
-  if (!why.empty()) return {message::error_frame(why), MessageError(why)};
-  return {std::move(frame), std::nullopt};
+  message::OneMessage m = message::one_message(std::move(frame));
+  if (!m.error.empty()) return {std::move(m.frame), MessageError(m.error)};
+  return {std::move(m.frame), std::nullopt};
 }
 
 c10::IValue decode(const detail::Frame& f, const std::string& context) {

@@ -905,14 +905,13 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       if (last()) {
         std::vector<at::Tensor> mine;
         for (at::Tensor* t : returned) mine.push_back(t->defined() ? t->detach() : *t);
-        std::string bytes = message::encode_ivalue(c10::IValue(c10::List<at::Tensor>(mine)));
         // Above MPI's count the other stages get an error frame instead,
         // which their decoding raises, as this stage does.
-        const std::string why = message::too_large_for_one_message(
-            bytes.size(), static_cast<std::size_t>(std::numeric_limits<int>::max()));
-        if (!why.empty()) bytes = message::error_frame("the last stage's returned values: " + why);
-        for (int s = 0; s + 1 < stages; ++s) post_bytes(bytes, MPI_BYTE, 1, peer(s), tag, raw);
-        if (!why.empty()) throw MessageError(where(0) + ": the last stage's returned values: " + why);
+        const message::OneMessage m = message::one_message(
+            message::encode_ivalue(c10::IValue(c10::List<at::Tensor>(mine))),
+            "the last stage's returned values: ");
+        for (int s = 0; s + 1 < stages; ++s) post_bytes(m.frame, MPI_BYTE, 1, peer(s), tag, raw);
+        if (!m.error.empty()) throw MessageError(where(0) + ": " + m.error);
       } else {
         const std::string bytes = receive_bytes(peer(stages - 1), tag, raw, where(0) + ": receiving the returned values from the last stage");
         const auto list = message::decode_ivalue(bytes.data(), bytes.size()).toTensorVector();

@@ -25,6 +25,7 @@
 // MessageError (partita/smp.hpp) naming what is wrong.
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -72,10 +73,23 @@ c10::IValue decode_ivalue_payload(const char* payload, std::size_t length);
 std::string error_frame(const std::string& text);
 
 // MPI counts bytes in an int: a frame of more than INT_MAX bytes cannot
-// travel as one message. Says why for such a size (empty when it fits);
-// the object's sender then sends an error frame instead, so that every
-// receiver raises as for an object that cannot be encoded, before anything
-// larger is posted. `limit` is MPI's, INT_MAX; tests pass others.
-std::string too_large_for_one_message(std::size_t bytes, std::size_t limit);
+// travel as one message.
+inline constexpr std::size_t kOneMessageLimit = INT_MAX;
+
+// Says why a frame of `bytes` cannot travel as one message (empty when it
+// fits). `limit` is MPI's; tests pass others.
+std::string too_large_for_one_message(std::size_t bytes, std::size_t limit = kOneMessageLimit);
+
+// What a sender posts for `frame`: the frame itself when it fits in one
+// message; otherwise an error frame, so that every receiver raises as for
+// an object that cannot be encoded before anything larger is posted, and
+// `error` (empty when the frame fits) for the sender to raise with. Both
+// say `context` (e.g. "the last stage's returned values: ") before why.
+struct OneMessage {
+  std::string frame;
+  std::string error;
+};
+OneMessage one_message(std::string frame, const std::string& context = {},
+                       std::size_t limit = kOneMessageLimit);
 
 }  // namespace partita::smp::message
