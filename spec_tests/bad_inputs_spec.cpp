@@ -756,6 +756,11 @@ TEST(BadInput, CommBcastAboveTheCountLimit) {
       comm_still_works);
 }
 
+// Point-to-point above the limit (docs/bad-inputs.md): the side above it
+// raises input.count_overflow, the send at isend, the receive at its wait;
+// a receive that fits, of a send above the limit, gets the sender's empty
+// notice and raises input.message_size. Nothing is left on the
+// communicator: the next pair on the same tag gets its own message.
 TEST(BadInput, CommIsendAboveTheCountLimit) {
   // Rank 0 sends rank 1 a tensor of 2^31 + 1 bytes; rank 1 receives one of that shape.
   row<ShapeError>(
@@ -763,9 +768,37 @@ TEST(BadInput, CommIsendAboveTheCountLimit) {
       [&] {
         AllocationGuard guard;
         if (me() == 0) comm().isend(announced(kAboveLimit), 1, 0);
-        if (me() == 1) comm().irecv(announced(kAboveLimit), 0, 0);
+        if (me() == 1) comm().recv(announced(kAboveLimit), 0, 0);
       },
-      comm_still_works, me() < 2);
+      p2p_still_works, me() < 2);
+}
+
+TEST(BadInput, CommSendAboveTheCountLimitIntoASmallReceive) {
+  row<ShapeError>(
+      me() == 0 ? rule_code::kCountOverflow : rule_code::kMessageSize,
+      [&] {
+        AllocationGuard guard;
+        if (me() == 0) comm().isend(announced(kAboveLimit), 1, 0);
+        if (me() == 1) comm().recv(at::empty({4}, at::kByte), 0, 0);
+      },
+      p2p_still_works, me() < 2);
+}
+
+TEST(BadInput, CommReceiveAboveTheCountLimitOfASmallSend) {
+  std::string sender = "rank 0 did not send";
+  row<ShapeError>(
+      rule_code::kCountOverflow,
+      [&] {
+        AllocationGuard guard;
+        const at::Tensor t = at::arange(4, at::kByte);
+        if (me() == 0) sender = differs(comm().send(t, 1, 0), t);
+        if (me() == 1) comm().recv(announced(kAboveLimit), 0, 0);
+      },
+      [&]() -> std::string {
+        if (me() == 0 && !sender.empty()) return "rank 0's send: " + sender;
+        return p2p_still_works();
+      },
+      me() == 1);
 }
 
 // ---- schedules and pipelines -----------------------------------------------------------------

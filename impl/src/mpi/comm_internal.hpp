@@ -47,6 +47,9 @@ struct Pending {
   MPI_Request adjoint_request = MPI_REQUEST_NULL;
   at::Tensor adjoint_buffer;
   std::string name;  // "isend to 1 (tag 0)", made once at start (what())
+  // A receive whose tensor is above MPI's count limit: the error its wait
+  // raises (after its receive of nothing finished); empty otherwise.
+  std::string overflow;
   const std::string& what() const { return name; }
   static std::string name_of(Kind kind, int peer, int tag);
 };

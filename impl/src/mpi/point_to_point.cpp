@@ -152,16 +152,38 @@ WaitHandle start(const std::shared_ptr<CommState>& state, const at::Tensor& t, i
   p->name = Pending::name_of(kind, peer, tag);
   p->sizes = t.sizes().vec();
   p->options = t.options().requires_grad(false);
-  // Before the buffer is allocated (issue 35 item 5); the peer, with a
-  // tensor of the same shape, raises alike.
-  const int n = mpi_count(t.numel(), p->what());
+  const MPI_Datatype type = mpi_datatype(t.scalar_type());
+  // Before the buffer is allocated (issue 35 item 5). The peer cannot see
+  // this rank's count, so a message still travels in place of the data
+  // (docs/bad-inputs.md): a send above the limit posts an empty notice and
+  // raises here, so that its receive, if it fits, raises input.message_size
+  // at its wait instead of waiting for data that never comes; a receive
+  // above the limit posts a receive of nothing, which takes whatever its
+  // send posted (the notice, or data, truncated) off the communicator, and
+  // raises input.count_overflow at its wait.
+  int n = 0;
+  try {
+    n = mpi_count(t.numel(), p->what());
+  } catch (const ShapeError&) {
+    if (kind == Pending::kSend) {
+      MPI_Request notice = MPI_REQUEST_NULL;
+      PARTITA_MPI_CHECK(MPI_Isend(nullptr, 0, type, peer, tag, s.comm, &notice));
+      MPI_Request_free(&notice);  // no data: nothing to wait for
+      throw;
+    }
+    p->overflow = p->what() + ": a count of " + std::to_string(t.numel()) +
+                  " elements, above the MPI count limit (INT_MAX = 2147483647); nothing was "
+                  "received (the receive of nothing took its send's message off the "
+                  "communicator)";
+    PARTITA_MPI_CHECK(MPI_Irecv(nullptr, 0, type, peer, tag, s.comm, &p->request));
+    return WaitHandle(p, zero_scalar(at::kDouble));
+  }
   {
     // The send holds the input itself (its storage is what matters; wait
     // returns a detached alias), not a detached copy of its TensorImpl.
     at::NoGradGuard no_grad;
     p->buffer = kind == Pending::kSend ? t.contiguous() : at::empty(p->sizes, p->options);
   }
-  const MPI_Datatype type = mpi_datatype(p->buffer.scalar_type());
   if (kind == Pending::kSend)
     PARTITA_MPI_CHECK(MPI_Isend(p->buffer.data_ptr(), n, type, peer, tag, s.comm, &p->request));
   else
@@ -185,13 +207,17 @@ WaitHandle start(const std::shared_ptr<CommState>& state, const at::Tensor& t, i
   os << "Communicator::wait: " << p.what() << ": ";
   if (got < 0)
     os << "the message was larger than";
+  else if (got == 0)
+    os << "the message was empty (as is the notice a send above MPI's count limit posts "
+          "in place of its data, while it raises input.count_overflow), smaller than";
   else
     os << "the message held " << got << " elements, fewer than";
   os << " the receive's tensor of shape " << at::IntArrayRef(p.sizes) << " ("
      << p.buffer.numel() << " elements of " << p.options.dtype()
-     << "): a receive's tensor must have the shape and dtype of its send's (rank "
-     << p.peer << "'s send was of another size; MPI tells a sender nothing of its "
-     << "receive, so that rank's send completed as usual)";
+     << "): a receive's tensor must have the shape and dtype of its send's";
+  if (got != 0)
+    os << " (rank " << p.peer << "'s send was of another size; MPI tells a sender nothing of "
+       << "its receive, so that rank's send completed as usual)";
   throw ShapeError(os.str(), rule_code::kMessageSize);
 }
 
@@ -217,10 +243,10 @@ at::Tensor Communicator::wait(const WaitHandle& handle) const {
                 "join_dummies_handle, is waited on once)");
   p->waited = true;
   if (p->kind == Pending::kRecv) {
-    const int64_t want = p->buffer.numel();
-    const int64_t got =
-        wait_received(p->request, mpi_datatype(p->buffer.scalar_type()), p->what().c_str());
-    if (got != want) throw_message_size(*p, got);
+    const MPI_Datatype type = mpi_datatype(p->options.dtype().toScalarType());
+    const int64_t got = wait_received(p->request, type, p->what().c_str());
+    if (!p->overflow.empty()) throw ShapeError(p->overflow, rule_code::kCountOverflow);
+    if (got != p->buffer.numel()) throw_message_size(*p, got);
   } else {
     mpi::wait(p->request, p->what().c_str());
   }
