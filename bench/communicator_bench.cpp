@@ -6,8 +6,11 @@
 //   comm_alltoall   alltoall(x[1, n], 0, 1, n / p)     vs MPI_Alltoall of n / p floats
 //   comm_ring       isend right, irecv left, 2 waits   vs MPI_Isend + MPI_Irecv + MPI_Waitall
 //   comm_{bcast,alltoall}_static_fwd  the forward with a StaticShapes promise
+//   comm_alltoall_out{,_static}_fwd  alltoall_out into a tensor made once (as
+//                   the twin's receive buffer), without and with a promise
 //   comm_{allreduce,alltoall}_fair_fwdbwd  forward+backward against the raw
-//                   calls as their own autograd Function (raw_autograd.hpp)
+//                   calls as their own autograd Function (raw_autograd.hpp);
+//                   comm_alltoall_static_fair_fwdbwd the same with a promise
 //
 // "_fwd" is the forward call; "_fwdbwd" forward then backward, beside the
 // raw calls of both directions (allreduce twice; bcast + reduce; alltoall
@@ -126,6 +129,9 @@ struct AlltoallRow {
   }
   mpi::StaticShapes site;  // none, or a promise (comm_alltoall_static_fwd)
   at::Tensor call() const { return comm().alltoall(x, 0, 1, piece, site); }
+  // Into a [p, piece] tensor made once, as the twin's receive buffer.
+  at::Tensor out = torch::empty({p, piece});
+  at::Tensor& call_out() { return comm().alltoall_out(out, x, 0, 1, piece, site); }
   void raw(bool back = false) {
     MPI_Alltoall(back ? recv.data_ptr() : send.data_ptr(), static_cast<int>(piece), MPI_FLOAT,
                  back ? send.data_ptr() : recv.data_ptr(), static_cast<int>(piece), MPI_FLOAT,
@@ -141,8 +147,22 @@ void comm_alltoall_static_fwd(benchmark::State& s) {
   a.site = mpi::StaticShapes::promise();
   paired(s, s.range(0), [&] { benchmark::DoNotOptimize(a.call()); }, [&] { a.raw(); });
 }
+void comm_alltoall_out_fwd(benchmark::State& s) {
+  AlltoallRow a(s, false);
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(a.call_out()); }, [&] { a.raw(); });
+}
+void comm_alltoall_out_static_fwd(benchmark::State& s) {
+  AlltoallRow a(s, false);
+  a.site = mpi::StaticShapes::promise();
+  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(a.call_out()); }, [&] { a.raw(); });
+}
 void comm_alltoall_fair_fwdbwd(benchmark::State& s) {
   AlltoallRow a(s, true);
+  fair_fwdbwd(s, a.x, a.dy, [&](const at::Tensor&) { return a.call(); }, RawKind::kAlltoall);
+}
+void comm_alltoall_static_fair_fwdbwd(benchmark::State& s) {
+  AlltoallRow a(s, true);
+  a.site = mpi::StaticShapes::promise();
   fair_fwdbwd(s, a.x, a.dy, [&](const at::Tensor&) { return a.call(); }, RawKind::kAlltoall);
 }
 void comm_alltoall_fwdbwd(benchmark::State& s) {
@@ -472,6 +492,9 @@ BENCHMARK(comm_bcast_static_fwd)->Apply(sizes);
 BENCHMARK(comm_alltoall_static_fwd)->Apply(sizes);
 BENCHMARK(comm_allreduce_fair_fwdbwd)->Apply(sizes);
 BENCHMARK(comm_alltoall_fair_fwdbwd)->Apply(sizes);
+BENCHMARK(comm_alltoall_out_fwd)->Apply(sizes);
+BENCHMARK(comm_alltoall_out_static_fwd)->Apply(sizes);
+BENCHMARK(comm_alltoall_static_fair_fwdbwd)->Apply(sizes);
 BENCHMARK(comm_autograd_floor_fwdbwd)->Arg(4 << 10)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(comm_autograd_floor8_fwdbwd)->Arg(4 << 10)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
@@ -488,6 +511,9 @@ const std::map<std::string, std::string>& communicator_twins() {
       {"comm_allreduce_fair_fwdbwd", "autograd Function: MPI_Allreduce, backward MPI_Allreduce"},
       {"comm_alltoall_fair_fwdbwd", "autograd Function: MPI_Alltoall, backward MPI_Alltoall"},
       {"comm_alltoall_static_fwd", "MPI_Alltoall"},
+      {"comm_alltoall_out_fwd", "MPI_Alltoall"},
+      {"comm_alltoall_out_static_fwd", "MPI_Alltoall"},
+      {"comm_alltoall_static_fair_fwdbwd", "autograd Function: MPI_Alltoall, backward MPI_Alltoall"},
       {"comm_alltoall_fwdbwd", "2 x MPI_Alltoall"},
       {"comm_ring_fwd", "MPI_Irecv + MPI_Isend + MPI_Waitall"},
       {"comm_ring_fwdbwd", "2 x (MPI_Irecv + MPI_Isend + MPI_Waitall)"},

@@ -72,7 +72,8 @@ rc::Gen<CommCase> gen_case(int p) {
   return rc::gen::exec([p] {
     CommCase c;
     c.call = *rc::gen::element<std::string>("allreduce", "bcast_", "reduce_", "gather",
-                                            "allgather", "scatter", "alltoall", "ring");
+                                            "allgather", "scatter", "alltoall", "alltoall_out",
+                                            "ring");
     c.dtype = *rc::gen::weightedElement<std::string>(
         {{6, "float64"}, {2, "float32"}, {2, "int32"}, {1, "int64"}, {1, "bfloat16"}});
     const bool reduction = c.call == "allreduce" || c.call == "reduce_";
@@ -92,7 +93,7 @@ rc::Gen<CommCase> gen_case(int p) {
     c.axis = *rc::gen::inRange<int64_t>(0, dims);
     c.axis2 = *rc::gen::inRange<int64_t>(0, dims);
     for (int r = 0; r < p; ++r) c.extents.push_back(*rc::gen::inRange<int64_t>(0, 4));
-    if (c.call == "alltoall" && c.axis == c.axis2)
+    if ((c.call == "alltoall" || c.call == "alltoall_out") && c.axis == c.axis2)
       c.numelem = split(sum_of(c.extents), p);  // the concatenation re-split
     else
       for (int r = 0; r < p; ++r) c.numelem.push_back(*rc::gen::inRange<int64_t>(0, 4));
@@ -144,9 +145,19 @@ Call call_of(const CommCase& c) {
     };
     k.reference = [cc](const Tensors& x) { return ref::scatter(x, cc.axis, cc.numelem, cc.root); };
     k.shape = [cc, with](int r) { return r == cc.root ? with(cc.axis, sum_of(cc.numelem)) : cc.other; };
-  } else if (c.call == "alltoall") {
+  } else if (c.call == "alltoall" || c.call == "alltoall_out") {
     k.run = [cc](const Communicator& m, const at::Tensor& x) {
-      return m.alltoall(x, cc.axis, cc.axis2, cc.numelem[m.rank()]);
+      if (cc.call == "alltoall") return m.alltoall(x, cc.axis, cc.axis2, cc.numelem[m.rank()]);
+      // Into the caller's tensor, filled first with 77, which no input
+      // holds (normal draws, or integers below 8), so that an element left
+      // unwritten shows.
+      Shape out_shape = x.sizes().vec();
+      out_shape[cc.axis2] = cc.numelem[m.rank()];
+      if (cc.axis != cc.axis2) out_shape[cc.axis] = sum_of(cc.extents);
+      at::Tensor out = at::full(out_shape, 77, x.options());
+      at::Tensor& same = m.alltoall_out(out, x, cc.axis, cc.axis2, cc.numelem[m.rank()]);
+      if (same.data_ptr() != out.data_ptr()) throw std::runtime_error("alltoall_out returned another tensor");
+      return out;
     };
     k.reference = [cc](const Tensors& x) { return ref::alltoall(x, cc.axis, cc.axis2, cc.numelem); };
     k.shape = [cc](int r) {
@@ -181,9 +192,10 @@ TEST(CommunicatorProperty, MatchesReference) {
         const at::ScalarType dtype = parse_dtype(c.dtype);
         const std::string f = check_forward(comm, k, dtype, c.seed);
         v.expect(f.empty(), f);
+        // (alltoall_out records no history, as LibTorch's out= functions.)
         const bool differentiable =
-            at::isFloatingType(dtype) && !((c.call == "allreduce" || c.call == "reduce_") &&
-                                           c.op != ReduceOp::kSum);
+            at::isFloatingType(dtype) && c.call != "alltoall_out" &&
+            !((c.call == "allreduce" || c.call == "reduce_") && c.op != ReduceOp::kSum);
         if (differentiable) {
           const std::string b = check_backward(comm, k, dtype, c.seed, c.unused);
           v.expect(b.empty(), b);

@@ -508,6 +508,55 @@ TEST(BadInput, CommAlltoallCountsDoNotAddUp) {
       comm_still_works);
 }
 
+// alltoall_out: one rank's out is wrong; every rank raises the same rule
+// before anything moves, and the next call works. x is [2, n] on every
+// rank; alltoall(x, 0, 1, 1) returns [2n, 1].
+void alltoall_out_row(const std::string& needle, const std::function<at::Tensor()>& bad_out,
+                      bool grad = false) {
+  row<ShapeError>(
+      needle,
+      [&] {
+        at::Tensor x = at::ones({2, n()}, at::kDouble).requires_grad_(grad && me() == 1);
+        at::Tensor out = me() == 1 ? bad_out() : at::zeros({2 * n(), 1}, at::kDouble);
+        comm().alltoall_out(out, x, 0, 1, 1);
+      },
+      [] {
+        at::Tensor out = at::zeros({2 * n(), 1}, at::kDouble);
+        comm().alltoall_out(out, at::full({2, n()}, me() + 1.0, at::kDouble), 0, 1, 1);
+        // Rank r receives [2, 1] from every rank i (its rows hold i + 1).
+        std::vector<at::Tensor> want;
+        for (int i = 0; i < n(); ++i) want.push_back(at::full({2, 1}, i + 1.0, at::kDouble));
+        return differs(out, at::cat(want, 0));
+      });
+}
+
+TEST(BadInput, CommAlltoallOutShape) {
+  alltoall_out_row("rank 1's out tensor has shape " + std::to_string(2 * n() + 1) + "x1",
+                   [] { return at::zeros({2 * n() + 1, 1}, at::kDouble); });
+}
+TEST(BadInput, CommAlltoallOutDtype) {
+  alltoall_out_row(rule_code::kOutTensor, [] { return at::zeros({2 * n(), 1}, at::kFloat); });
+}
+TEST(BadInput, CommAlltoallOutNotContiguous) {
+  alltoall_out_row("is not contiguous",
+                   [] { return at::zeros({2 * n(), 2}, at::kDouble).narrow(1, 0, 1); });
+}
+TEST(BadInput, CommAlltoallOutRequiresGrad) {
+  alltoall_out_row("records no autograd history", [] { return at::zeros({2 * n(), 1}, at::kDouble); },
+                   /*grad=*/true);
+}
+TEST(BadInput, CommAlltoallOutOverlapsInput) {
+  row<ShapeError>(
+      "overlaps its input",
+      [] {
+        // On rank 1, out is a view of the input's own storage.
+        at::Tensor x = at::ones({2 * n(), 1}, at::kDouble);
+        at::Tensor out = me() == 1 ? x : at::zeros({2 * n(), 1}, at::kDouble);
+        comm().alltoall_out(out, x, 0, 0, 2 * n());
+      },
+      comm_still_works);
+}
+
 TEST(BadInput, CommPeerOutOfRange) {
   row<ShapeError>(
       "dest " + std::to_string(n()) + " is out of range", [] { comm().isend(at::ones({2}, at::kDouble), n(), 0); },

@@ -105,6 +105,58 @@ int64_t sum_of(const std::vector<int64_t>& v) {
   return s;
 }
 
+// The alltoall calls of the lists below: axes, every rank's numelem, input shapes.
+struct AlltoallCase {
+  std::string name;
+  int64_t gather, scatter;
+  std::vector<int64_t> numelem;
+  std::function<Shape(int)> shape;
+};
+std::vector<AlltoallCase> alltoall_cases() {
+  const int p = P();
+  const auto n = numelem_all(p);
+  return {
+      {"gather 0, scatter 1, uneven", 0, 1, n, [n](int r) { return Shape{uneven(r) + 1, sum_of(n)}; }},
+      {"gather 2, scatter 0", 2, 0, std::vector<int64_t>(p, 1), [p](int) { return Shape{p, 2, 2}; }},
+      {"axis 1 both, uneven", 1, 1, n, [n, p](int r) {
+         // extents: rank 0 takes what the others leave of sum(n)
+         int64_t others = 0;
+         for (int i = 1; i < p; ++i) others += uneven(i) % 2;
+         const int64_t mine = r == 0 ? sum_of(n) - others : uneven(r) % 2;
+         return Shape{2, mine};
+       }}};
+}
+// alltoall, or (into) alltoall_out into a tensor the caller made, filled
+// with 77 (a value no input holds, so that an element left unwritten shows)
+// and given a StaticShapes promise made once for the call (so that a second
+// call of it skips the exchange of records).
+Call alltoall_call(const AlltoallCase& a, bool into) {
+  Call c;
+  c.name = std::string(into ? "alltoall_out(" : "alltoall(") + a.name + ")";
+  c.shape = a.shape;
+  c.reference = [a](const Tensors& x) { return ref::alltoall(x, a.gather, a.scatter, a.numelem); };
+  if (!into) {
+    c.run = [a](const Communicator& m, const at::Tensor& x) {
+      return m.alltoall(x, a.gather, a.scatter, a.numelem[m.rank()]);
+    };
+    return c;
+  }
+  const auto site = mpi::StaticShapes::promise();
+  c.run = [a, site](const Communicator& m, const at::Tensor& x) {
+    Shape out_shape = x.sizes().vec();
+    out_shape[a.scatter] = a.numelem[m.rank()];
+    if (a.gather != a.scatter) {
+      out_shape[a.gather] = 0;
+      for (int r = 0; r < m.size(); ++r) out_shape[a.gather] += a.shape(r)[a.gather];
+    }
+    at::Tensor out = at::full(out_shape, 77, x.options());
+    at::Tensor& same = m.alltoall_out(out, x, a.gather, a.scatter, a.numelem[m.rank()], site);
+    if (!same.is_same(out)) throw std::runtime_error("alltoall_out returned another tensor than out");
+    return out;
+  };
+  return c;
+}
+
 std::vector<Call> differentiable_calls() {
   const int p = P();
   const auto n = numelem_all(p);
@@ -152,28 +204,7 @@ std::vector<Call> differentiable_calls() {
                    [](const Communicator& c, const at::Tensor& x) { return c.scatter(x, 2, 1, 0); },
                    [p](const Tensors& x) { return ref::scatter(x, 2, std::vector<int64_t>(p, 1), 0); },
                    [p](int r) { return r == 0 ? Shape{2, 1, p} : Shape{3}; }});
-  calls.push_back({"alltoall(gather 0, scatter 1, uneven)",
-                   [n](const Communicator& c, const at::Tensor& x) {
-                     return c.alltoall(x, 0, 1, n[c.rank()]);
-                   },
-                   [n](const Tensors& x) { return ref::alltoall(x, 0, 1, n); },
-                   [n](int r) { return Shape{uneven(r) + 1, sum_of(n)}; }});
-  calls.push_back({"alltoall(gather 2, scatter 0)",
-                   [](const Communicator& c, const at::Tensor& x) { return c.alltoall(x, 2, 0, 1); },
-                   [p](const Tensors& x) { return ref::alltoall(x, 2, 0, std::vector<int64_t>(p, 1)); },
-                   [p](int) { return Shape{p, 2, 2}; }});
-  calls.push_back({"alltoall(axis 1 both, uneven)",
-                   [n](const Communicator& c, const at::Tensor& x) {
-                     return c.alltoall(x, 1, 1, n[c.rank()]);
-                   },
-                   [n](const Tensors& x) { return ref::alltoall(x, 1, 1, n); },
-                   [n, p](int r) {
-                     // extents: rank 0 takes what the others leave of sum(n)
-                     int64_t others = 0;
-                     for (int i = 1; i < p; ++i) others += uneven(i) % 2;
-                     const int64_t mine = r == 0 ? sum_of(n) - others : uneven(r) % 2;
-                     return Shape{2, mine};
-                   }});
+  for (const auto& a : alltoall_cases()) calls.push_back(alltoall_call(a, false));
   // The seed's ring as a function of a: b received from the left, through
   // isend/irecv/wait with the dummies that make backward complete.
   calls.push_back({"isend/irecv/wait ring",
@@ -212,6 +243,15 @@ TEST(CommunicatorForward, DifferentiableCallsMatchReference) {
   for (const auto& c : differentiable_calls())
     for (auto dtype : {at::kDouble, at::kFloat, at::kInt})
       expect_passes(c.name, [&] { return check_forward(world(), c, dtype, 11); });
+}
+
+TEST(CommunicatorForward, AlltoallOutMatchesReference) {
+  for (const auto& a : alltoall_cases())
+    for (auto dtype : {at::kDouble, at::kFloat, at::kInt}) {
+      const Call c = alltoall_call(a, true);  // one promise per dtype
+      for (int call = 0; call < 2; ++call)  // the promise's first call, then a later one
+        expect_passes(c.name, [&] { return check_forward(world(), c, dtype, 11 + call); });
+    }
 }
 
 TEST(CommunicatorForward, ReductionOperationsMatchReference) {

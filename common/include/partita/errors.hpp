@@ -56,6 +56,7 @@ inline constexpr const char* kCountOverflow = "input.count_overflow";  // more t
 inline constexpr const char* kStaticShapes = "input.static_shapes";  // a static-shapes promise broken
 inline constexpr const char* kMessageSize = "input.message_size";  // a receive's tensor vs its message
 inline constexpr const char* kInPlaceLeaf = "input.in_place_leaf";  // in-place call on a leaf requiring grad
+inline constexpr const char* kOutTensor = "input.out_tensor";  // an out= call's out refused
 }  // namespace rule_code
 
 struct Error : std::runtime_error {

@@ -331,26 +331,17 @@ int64_t block_counts(const std::vector<int64_t>& lens, int64_t row, const std::s
 
 namespace {
 
-// The rows [starts[j], starts[j] + lens[j]) along `dim` of the contiguous c,
-// each as one contiguous block, with their counts and displacements: c itself
-// when outer is 1 (the displacements point into it), else one copy that puts
-// the blocks one after the other in order.
+// The rows [starts[j], starts[j] + lens[j]) along `dim` of the contiguous c
+// as the consecutive blocks that `counts` and `displs` describe (the caller
+// computed them, block_counts of lens, before anything else): c itself when
+// outer is 1 (the blocks follow each other there already), else one copy
+// that puts them one after the other in order.
 at::Tensor send_blocks(const at::Tensor& c, int64_t dim, const std::vector<int64_t>& starts,
-                       const std::vector<int64_t>& lens, const std::string& what,
-                       std::vector<int>& counts, std::vector<int>& displs) {
+                       const std::vector<int64_t>& lens, const std::vector<int>& counts,
+                       const std::vector<int>& displs) {
   const int64_t outer = outer_volume(c.sizes(), dim), inner = inner_volume(c.sizes(), dim);
-  if (outer == 1) {
-    counts.clear();
-    displs.clear();
-    counts.reserve(lens.size());
-    displs.reserve(lens.size());
-    for (size_t j = 0; j < lens.size(); ++j) {
-      displs.push_back(mpi_count(starts[j] * inner, what));
-      counts.push_back(mpi_count(lens[j] * inner, what));
-    }
-    return c;
-  }
-  const int64_t n = block_counts(lens, outer * inner, what, counts, displs);
+  if (outer == 1) return c;
+  const int64_t n = counts.empty() ? 0 : int64_t{displs.back()} + counts.back();
   at::Tensor staged = fresh({n}, c.options());
   const at::Tensor v = c.view({outer, c.size(dim), inner});
   for (size_t j = 0; j < lens.size(); ++j)
@@ -365,11 +356,12 @@ at::Tensor send_blocks(const at::Tensor& c, int64_t dim, const std::vector<int64
 // [outer, lens[i], inner] along `dim` (outer and inner of out_sizes): flat
 // itself when outer is 1 (a view of it unless it already has out_sizes,
 // see blocks_buffer), else one copy.
+// With `into` (the caller's output, of out_sizes), the copy goes there.
 at::Tensor from_blocks(const at::Tensor& flat, int64_t dim, const std::vector<int64_t>& lens,
-                       at::IntArrayRef out_sizes) {
+                       at::IntArrayRef out_sizes, const at::Tensor* into = nullptr) {
   const int64_t outer = outer_volume(out_sizes, dim), inner = inner_volume(out_sizes, dim);
   if (outer == 1) return flat.sizes() == out_sizes ? flat : flat.view(out_sizes);
-  at::Tensor out = fresh(out_sizes, flat.options());
+  at::Tensor out = into ? *into : fresh(out_sizes, flat.options());
   const at::Tensor v = out.view({outer, out_sizes[dim], inner});
   int64_t at = 0, row = 0;
   for (int64_t len : lens) {
@@ -502,7 +494,7 @@ at::Tensor reduce_scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
   const at::Tensor c = x.contiguous();
   at::DimVector out_sizes(c.sizes().begin(), c.sizes().end());
   out_sizes[dim] = lengths.at(g.rank);
-  const at::Tensor staged = send_blocks(c, dim, starts_of(lengths), lengths, what, counts, displs);
+  const at::Tensor staged = send_blocks(c, dim, starts_of(lengths), lengths, counts, displs);
   at::Tensor out = fresh(out_sizes, c.options());
   if (c.numel() > 0) {
     MPI_Request req;
@@ -524,7 +516,7 @@ at::Tensor scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
   at::Tensor out = at::empty(out_shape, options);
   at::Tensor staged;
   if (g.rank == root)
-    staged = send_blocks(x.contiguous(), dim, starts_of(lengths), lengths, what, counts, displs);
+    staged = send_blocks(x.contiguous(), dim, starts_of(lengths), lengths, counts, displs);
   if (g.size == 1) {
     out.view({-1}).copy_(staged.view({-1}).narrow(0, displs[0], counts[0]));
     return out;
@@ -590,29 +582,65 @@ AlltoallCounts alltoall_counts(int member, at::IntArrayRef sizes, int64_t gather
   return k;
 }
 
-at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
-                        int64_t scatter_dim, const std::vector<int64_t>& gextents,
-                        const std::vector<int64_t>& numelem, const std::string& what) {
-  const int p = g.size, me = g.rank;
-  // Every member's counts, not only this rank's, before anything is copied
-  // or posted: one member's send of more than an int is another's receive,
-  // and a third member whose own counts fit would post and wait.
+AlltoallCounts alltoall_checked_counts(int me, at::IntArrayRef sizes, int64_t gather_dim,
+                                       int64_t scatter_dim, const std::vector<int64_t>& gextents,
+                                       const std::vector<int64_t>& numelem,
+                                       const std::string& what) {
+  const int p = static_cast<int>(numelem.size());
+  // Member m's counts and displacements are at most the volume of its input
+  // (what it sends) or of its output (what it receives): when every member's
+  // two volumes fit an int, so does every count, and only this rank's are
+  // worked out. Else every member's, so that all raise or none does.
+  // (Products that overflow do not fit either.)
+  int64_t gathered = 0;
+  bool fit = true;
+  for (int64_t e : gextents) fit = fit && !__builtin_add_overflow(gathered, e, &gathered);
+  for (int m = 0; m < p && fit; ++m) {
+    int64_t in = 1, out = 1;
+    for (size_t d = 0; d < sizes.size() && fit; ++d) {
+      const int64_t dim = static_cast<int64_t>(d);
+      const int64_t e = dim == gather_dim ? gextents[m] : sizes[d];
+      const int64_t o = dim == scatter_dim                                ? numelem[m]
+                        : dim == gather_dim && gather_dim != scatter_dim ? gathered
+                                                                         : e;
+      fit = !__builtin_mul_overflow(in, e, &in) && !__builtin_mul_overflow(out, o, &out);
+    }
+    fit = fit && in <= INT_MAX && out <= INT_MAX;
+  }
+  if (fit) return alltoall_counts(me, sizes, gather_dim, scatter_dim, gextents, numelem, what);
   AlltoallCounts k;
   for (int m = 0; m < p; ++m) {
-    std::vector<int64_t> sizes = x.sizes().vec();
-    sizes[gather_dim] = gextents[m];
-    AlltoallCounts km = alltoall_counts(m, sizes, gather_dim, scatter_dim, gextents, numelem, what);
+    std::vector<int64_t> sizes_m = sizes.vec();
+    sizes_m[gather_dim] = gextents[m];
+    AlltoallCounts km =
+        alltoall_counts(m, sizes_m, gather_dim, scatter_dim, gextents, numelem, what);
     if (m == me) k = std::move(km);
   }
+  return k;
+}
+
+at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
+                        int64_t scatter_dim, const std::vector<int64_t>& gextents,
+                        const std::vector<int64_t>& numelem, const std::string& what,
+                        const at::Tensor* into, const AlltoallCounts* known) {
+  const int p = g.size, me = g.rank;
+  AlltoallCounts computed;
+  if (!known)
+    computed = alltoall_checked_counts(me, x.sizes(), gather_dim, scatter_dim, gextents, numelem,
+                                       what);
+  const AlltoallCounts& k = known ? *known : computed;
   const at::Tensor c = x.contiguous();
-  const at::Tensor send =
-      send_blocks(c, scatter_dim, k.send_at, k.send_rows, what, k.scounts, k.sdispls);
+  const at::Tensor send = send_blocks(c, scatter_dim, k.send_at, k.send_rows, k.scounts, k.sdispls);
   std::vector<int64_t> out_sizes = c.sizes().vec();
   out_sizes[scatter_dim] = numelem[me];
   // (The total is not an MPI count: checking it would raise on the one rank
   // whose receipts add up to more than an int while the others post.)
   if (gather_dim != scatter_dim) out_sizes[gather_dim] = total(gextents);
-  at::Tensor recv = blocks_buffer(out_sizes, gather_dim, k.rtotal, c.options());
+  // The caller's output receives the blocks in place when they follow each
+  // other in it (outer 1), else from_blocks copies them there.
+  at::Tensor recv = into && outer_volume(out_sizes, gather_dim) == 1
+                        ? *into
+                        : blocks_buffer(out_sizes, gather_dim, k.rtotal, c.options());
   if (p == 1) {
     recv.view({-1}).copy_(send.view({-1}).narrow(0, k.sdispls[0], k.scounts[0]));
   } else {
@@ -631,7 +659,7 @@ at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
   // The received blocks follow each other along gather_dim (equal axes:
   // along the axis, member i's rows being recv_rows[i]).
   return from_blocks(recv, gather_dim,
-                     gather_dim != scatter_dim ? gextents : k.recv_rows, out_sizes);
+                     gather_dim != scatter_dim ? gextents : k.recv_rows, out_sizes, into);
 }
 
 }  // namespace partita::mpi::detail

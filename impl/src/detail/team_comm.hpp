@@ -161,9 +161,15 @@ at::Tensor scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
 // to member j, concatenated along gather_dim (`gextents[i]`: member i's
 // extent along it; the other extents agree). gather_dim == scatter_dim: the
 // concatenation of every member's x along it, re-split into `numelem`.
+struct AlltoallCounts;  // below
+// With `into`: the caller's output (contiguous, of the output's shape and
+// x's dtype, not overlapping x; the caller checked), written and returned
+// instead of new storage. With `known`: this member's counts, from
+// alltoall_checked_counts (below) on the same arguments.
 at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
                         int64_t scatter_dim, const std::vector<int64_t>& gextents,
-                        const std::vector<int64_t>& numelem, const std::string& what);
+                        const std::vector<int64_t>& numelem, const std::string& what,
+                        const at::Tensor* into = nullptr, const AlltoallCounts* known = nullptr);
 
 // ---- Counts (issue 35 item 5) ----------------------------------------------
 // MPI counts and displacements are ints. Each call above first computes
@@ -191,6 +197,16 @@ struct AlltoallCounts {
 AlltoallCounts alltoall_counts(int member, at::IntArrayRef sizes, int64_t gather_dim,
                                int64_t scatter_dim, const std::vector<int64_t>& gextents,
                                const std::vector<int64_t>& numelem, const std::string& what);
+// This member's (`me`'s, whose tensor has `sizes`) counts, after checking
+// that every member's fit: alltoall_dim's first step. The check is
+// O(members) when every member's input and output volumes fit an int (then
+// so does every count), else every member's counts are worked out (and
+// raise as above). `known` in alltoall_dim: this, computed before (a
+// StaticShapes promise keeps it from the first call).
+AlltoallCounts alltoall_checked_counts(int me, at::IntArrayRef sizes, int64_t gather_dim,
+                                       int64_t scatter_dim, const std::vector<int64_t>& gextents,
+                                       const std::vector<int64_t>& numelem,
+                                       const std::string& what);
 
 // The layers' names for them, on a team.
 inline at::Tensor allreduce_team(const Partition& team, const at::Tensor& x,

@@ -295,12 +295,27 @@ at::Tensor Communicator::scatter(const at::Tensor& t, int64_t axis, int64_t nume
                 });
 }
 
-at::Tensor Communicator::alltoall(const at::Tensor& t, int64_t gather_axis, int64_t scatter_axis,
-                                  int64_t numelem, const StaticShapes& shapes) const {
-  const CommState& s = state_of(s_, "alltoall");
-  const std::string what = call_name(
-      "alltoall", "gather_axis " + std::to_string(gather_axis) + ", scatter_axis " +
-                      std::to_string(scatter_axis) + ", numelem " + std::to_string(numelem));
+namespace {
+
+// What every rank of an alltoall (or alltoall_out, `out` given) agrees on
+// after the records are exchanged and checked.
+// (With a StaticShapes promise, the first call's is kept in the site and
+// later calls reuse it: static_derived.)
+struct AlltoallAgreed {
+  std::string what;
+  std::vector<int64_t> gextents, numelems;
+  AlltoallCounts counts;  // this rank's (alltoall_checked_counts)
+};
+
+std::shared_ptr<const AlltoallAgreed> agree_alltoall(const CommState& s, const at::Tensor& t,
+                                                     int64_t gather_axis, int64_t scatter_axis,
+                                                     int64_t numelem, const at::Tensor* out,
+                                                     const StaticShapes& shapes) {
+  auto name = [&] {
+    return call_name(out ? "alltoall_out" : "alltoall",
+                     "gather_axis " + std::to_string(gather_axis) + ", scatter_axis " +
+                         std::to_string(scatter_axis) + ", numelem " + std::to_string(numelem));
+  };
   Record mine = make_record(t);
   mine.p[0] = gather_axis;
   mine.p[1] = scatter_axis;
@@ -308,43 +323,94 @@ at::Tensor Communicator::alltoall(const at::Tensor& t, int64_t gather_axis, int6
   check_axis(mine, gather_axis, 2);
   check_axis(mine, scatter_axis, 1);
   if (!mine.status && numelem < 0) mine.status = Record::kBadNumelem;
+  if (out) check_out(mine, *out, t);
+  // (alltoall and alltoall_out are one call for a StaticShapes site: a rank
+  // that switches between them breaks the promise, its record's out fields
+  // having changed.)
+  if (auto kept = static_derived(s, mine, name, "alltoall", shapes))
+    return std::static_pointer_cast<const AlltoallAgreed>(kept);
+  auto agreed = std::make_shared<AlltoallAgreed>();
+  AlltoallAgreed& a = *agreed;
+  a.what = name();
+  const std::string& what = a.what;
   const auto all = exchange_records(s, mine, what, "alltoall", shapes);
   check_shapes_but(all, what, gather_axis, scatter_axis);
-  std::vector<int64_t> gextents, numelems;
   int64_t sum_n = 0, sum_g = 0;
   for (const auto& r : all) {
-    gextents.push_back(r.dims[gather_axis]);
-    numelems.push_back(r.p[3]);
+    a.gextents.push_back(r.dims[gather_axis]);
+    a.numelems.push_back(r.p[3]);
     sum_n += r.p[3];
     sum_g += r.dims[gather_axis];
   }
   if (gather_axis == scatter_axis) {
     if (sum_g != sum_n)
       throw ShapeError(what + ": the ranks' extents along axis " + std::to_string(gather_axis) +
-                       " add up to " + std::to_string(sum_g) + " (" + list_string(gextents) +
+                       " add up to " + std::to_string(sum_g) + " (" + list_string(a.gextents) +
                        "), their numelem to " + std::to_string(sum_n) + " (" +
-                       list_string(numelems) + ")");
+                       list_string(a.numelems) + ")");
   } else {
     for (int i = 0; i < s.size; ++i)
       if (all[i].dims[scatter_axis] != sum_n)
         throw ShapeError(what + ": rank " + std::to_string(i) + "'s tensor has extent " +
                          std::to_string(all[i].dims[scatter_axis]) + " along scatter axis " +
                          std::to_string(scatter_axis) + ", but the ranks' numelem add up to " +
-                         std::to_string(sum_n) + " (" + list_string(numelems) + ")");
+                         std::to_string(sum_n) + " (" + list_string(a.numelems) + ")");
   }
+  // Every rank's out against the output every rank computes alike for it,
+  // so that a wrong one raises on all of them before anything moves.
+  for (int i = 0; i < s.size; ++i) {
+    if (!all[i].out) continue;
+    Shape expected = all[i].shape();
+    expected[scatter_axis] = all[i].p[3];
+    if (gather_axis != scatter_axis) expected[gather_axis] = sum_g;
+    if (all[i].out_shape() != expected)
+      throw ShapeError(what + ": rank " + std::to_string(i) + "'s out tensor has shape " +
+                       shape_string(all[i].out_shape()) + ", its output's shape is " +
+                       shape_string(expected),
+                       rule_code::kOutTensor);
+  }
+  a.counts = alltoall_checked_counts(s.rank, t.sizes(), gather_axis, scatter_axis, a.gextents,
+                                     a.numelems, what);
+  keep_derived(shapes, agreed);
+  return agreed;
+}
+
+}  // namespace
+
+at::Tensor Communicator::alltoall(const at::Tensor& t, int64_t gather_axis, int64_t scatter_axis,
+                                  int64_t numelem, const StaticShapes& shapes) const {
+  const CommState& s = state_of(s_, "alltoall");
+  const auto agreed = agree_alltoall(s, t, gather_axis, scatter_axis, numelem, nullptr, shapes);
+  const AlltoallAgreed& a = *agreed;
   at::Tensor out;
   {
     at::NoGradGuard no_grad;
-    out = alltoall_dim(s.group(), t, gather_axis, scatter_axis, gextents, numelems, what);
+    out = alltoall_dim(s.group(), t, gather_axis, scatter_axis, a.gextents, a.numelems, a.what,
+                       nullptr, &a.counts);
   }
   auto state = s_;
   return attach(out, t, "AlltoallBackward",
-                [state, gather_axis, scatter_axis, gextents, numelems, what](const at::Tensor& g) {
+                [state, gather_axis, scatter_axis, agreed](const at::Tensor& g) {
                   // The reverse exchange: pieces of gextents along gather_axis
                   // go back, gathered along scatter_axis.
-                  return alltoall_dim(state->group(), g, scatter_axis, gather_axis, numelems, gextents,
-                                      what + " adjoint");
+                  return alltoall_dim(state->group(), g, scatter_axis, gather_axis,
+                                      agreed->numelems, agreed->gextents,
+                                      agreed->what + " adjoint");
                 });
+}
+
+at::Tensor& Communicator::alltoall_out(at::Tensor& out, const at::Tensor& t, int64_t gather_axis,
+                                       int64_t scatter_axis, int64_t numelem,
+                                       const StaticShapes& shapes) const {
+  const CommState& s = state_of(s_, "alltoall_out");
+  const auto agreed = agree_alltoall(s, t, gather_axis, scatter_axis, numelem, &out, shapes);
+  const AlltoallAgreed& a = *agreed;
+  at::NoGradGuard no_grad;
+  alltoall_dim(s.group(), t, gather_axis, scatter_axis, a.gextents, a.numelems, a.what, &out,
+               &a.counts);
+  // As an in-place write: tensors saved for backward from out see the change.
+  out.unsafeGetTensorImpl()->bump_version();
+  return out;
 }
 
 }  // namespace partita::mpi

@@ -59,7 +59,11 @@ struct Pending {
 // (root, axes, numelem, op), so that every rank can check every other's.
 struct Record {
   enum Status : int64_t {
-    kOk = 0, kTooManyDims, kBadDtype, kBadAxis, kBadRoot, kBadNumelem, kBadOp
+    kOk = 0, kTooManyDims, kBadDtype, kBadAxis, kBadRoot, kBadNumelem, kBadOp, kBadOut
+  };
+  // Why an out= call's `out` was refused (kBadOut, in p[2]).
+  enum OutProblem : int64_t {
+    kOutUndefined = 1, kOutGrad, kOutDtype, kOutNotContiguous, kOutOverlaps, kOutTooManyDims
   };
   int64_t status = kOk;
   int64_t dtype = 0;
@@ -67,8 +71,14 @@ struct Record {
   int64_t ndim = 0;
   int64_t dims[kMaxTensorDims] = {0};
   int64_t p[4] = {0, 0, 0, 0};  // per call: see each call
+  // An out= call (Communicator::alltoall_out): 1, and out's shape, which
+  // every rank checks against the output every rank computes alike.
+  int64_t out = 0;
+  int64_t out_ndim = 0;
+  int64_t out_dims[kMaxTensorDims] = {0};
 
   Shape shape() const { return Shape(dims, dims + ndim); }
+  Shape out_shape() const { return Shape(out_dims, out_dims + out_ndim); }
 };
 
 const CommState& state_of(const std::shared_ptr<CommState>& s, const char* what);
@@ -79,6 +89,11 @@ Record make_record(const at::Tensor& t);
 void check_axis(Record& r, int64_t axis, int which);
 void check_root(Record& r, int root, int size);
 void check_op(Record& r, ReduceOp op);
+// An out= call: records out's shape and sets status (unless already set) if
+// out is undefined, requires grad or t does under grad mode (out= calls
+// record no history, as LibTorch's), has another dtype than t, is not
+// contiguous, or overlaps t.
+void check_out(Record& r, const at::Tensor& out, const at::Tensor& t);
 
 // Throws ShapeError for a record whose status is not kOk (local use, or
 // on every rank after the exchange).
@@ -95,6 +110,9 @@ struct StaticSite {
   std::vector<Record> first;  // every rank's, from the site's first call; empty before it
   MPI_Comm comm = MPI_COMM_NULL;
   const char* call = nullptr;  // which call (a site serves one call)
+  // What the call worked out from the first records once they passed its
+  // checks (alltoall: the counts), reused by later calls (static_derived).
+  std::shared_ptr<const void> derived;
 };
 // exchange_records under the site's promise: the first call exchanges (and
 // raises on every rank unless every rank passed a promise, or none did);
@@ -104,6 +122,17 @@ struct StaticSite {
 // every rank). A site used for another call or communicator raises Error.
 std::vector<Record> exchange_records(const CommState& s, Record mine, const std::string& what,
                                      const char* call, const StaticShapes& shapes);
+// The fast path of a later call under a promise (no debug setting): this
+// rank's record is compared with its first one (raising as above; `what`
+// makes the call's name only then) and the site's `derived` is returned.
+// Null when the call must take the long way: no promise, no derived kept
+// yet (the first call), the debug setting on, or a site of another call or
+// communicator (exchange_records then raises).
+std::shared_ptr<const void> static_derived(const CommState& s, Record mine,
+                                           const std::function<std::string()>& what,
+                                           const char* call, const StaticShapes& shapes);
+// Keeps `derived` in the promise's site (no-op without one), after a long way.
+void keep_derived(const StaticShapes& shapes, std::shared_ptr<const void> derived);
 
 // The MPI op (the datatype is detail::mpi_datatype, bool included).
 MPI_Op comm_op(ReduceOp op, at::ScalarType t);

@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/variable.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/core/grad_mode.h>
 
 #include <climits>
 #include <cstring>
@@ -158,6 +160,25 @@ void check_op(Record& r, ReduceOp op) {
   }
 }
 
+void check_out(Record& r, const at::Tensor& out, const at::Tensor& t) {
+  r.out = 1;
+  auto refuse = [&r](int64_t why) {
+    if (r.status) return;
+    r.status = Record::kBadOut;
+    r.p[2] = why;
+  };
+  if (!out.defined()) return refuse(Record::kOutUndefined);
+  if (out.dim() > kMaxTensorDims) return refuse(Record::kOutTooManyDims);
+  r.out_ndim = out.dim();
+  for (int64_t d = 0; d < r.out_ndim; ++d) r.out_dims[d] = out.size(d);
+  if (at::GradMode::is_enabled() && (t.requires_grad() || out.requires_grad()))
+    return refuse(Record::kOutGrad);
+  if (out.scalar_type() != t.scalar_type()) return refuse(Record::kOutDtype);
+  if (!out.is_contiguous()) return refuse(Record::kOutNotContiguous);
+  if (out.numel() > 0 && t.numel() > 0 && at::get_overlap_status(out, t) != at::MemOverlapStatus::No)
+    return refuse(Record::kOutOverlaps);
+}
+
 void raise_record(const std::string& what, int rank, const Record& r) {
   const auto t = static_cast<at::ScalarType>(r.dtype);
   std::string why;
@@ -186,10 +207,31 @@ void raise_record(const std::string& what, int rank, const Record& r) {
             " (SUM, PROD, MAX, MIN on numbers; LAND, LOR, LXOR, BAND, BOR, BXOR on integers; "
             "LAND, LOR, LXOR on bool; 16-bit floats: SUM only)";
       break;
+    case Record::kBadOut:
+      switch (r.p[2]) {
+        case Record::kOutUndefined: why = "its out tensor is undefined"; break;
+        case Record::kOutTooManyDims:
+          why = "its out tensor has more than " + std::to_string(kMaxTensorDims) + " dimensions";
+          break;
+        case Record::kOutGrad:
+          why = "its tensor or its out tensor requires grad, and an out= call records no "
+                "autograd history (as LibTorch's out= functions): call it under "
+                "at::NoGradGuard, or use the call without out";
+          break;
+        case Record::kOutDtype:
+          why = "its out tensor's dtype is not its tensor's, " +
+                (t == at::kBool ? std::string("bool") : dtype_string(t));
+          break;
+        case Record::kOutNotContiguous: why = "its out tensor is not contiguous"; break;
+        case Record::kOutOverlaps: why = "its out tensor overlaps its input"; break;
+        default: why = "its out tensor is refused";
+      }
+      break;
     default:
       why = "unknown problem";
   }
-  throw ShapeError(what + ": rank " + std::to_string(rank) + ": " + why);
+  throw ShapeError(what + ": rank " + std::to_string(rank) + ": " + why,
+                   r.status == Record::kBadOut ? rule_code::kOutTensor : "");
 }
 
 std::vector<Record> exchange_records(const CommState& s, const Record& mine,
@@ -256,6 +298,31 @@ std::vector<Record> exchange_records(const CommState& s, Record mine, const std:
   site->comm = s.comm;
   site->call = call;
   return all;
+}
+
+std::shared_ptr<const void> static_derived(const CommState& s, Record mine,
+                                           const std::function<std::string()>& what,
+                                           const char* call, const StaticShapes& shapes) {
+  StaticSite* site = shapes.site();
+  if (!site || check_static_shapes()) return nullptr;
+  mine.static_shapes = 1;
+  Record first;
+  {
+    std::lock_guard<std::mutex> lock(site->mutex);
+    if (!site->derived || site->comm != s.comm || !site->call || std::strcmp(site->call, call) != 0)
+      return nullptr;
+    first = site->first.at(s.rank);
+    if (same_statement(mine, first)) return site->derived;
+  }
+  raise_broken_promise(what(), "rank " + std::to_string(s.rank), describe_record(first),
+                       describe_record(mine));
+}
+
+void keep_derived(const StaticShapes& shapes, std::shared_ptr<const void> derived) {
+  if (StaticSite* site = shapes.site()) {
+    std::lock_guard<std::mutex> lock(site->mutex);
+    site->derived = std::move(derived);
+  }
 }
 
 MPI_Op comm_op(ReduceOp op, at::ScalarType t) {

@@ -147,6 +147,16 @@ class Communicator {
   // t along that axis, re-split into pieces of `numelem`.
   at::Tensor alltoall(const at::Tensor& t, int64_t gather_axis, int64_t scatter_axis,
                       int64_t numelem, const StaticShapes& shapes = {}) const;
+  // The same exchange into `out`, a tensor the caller keeps (LibTorch's
+  // out= convention; not in mpi4torch): contiguous, of t's dtype and of the
+  // shape alltoall would return, not overlapping t. As LibTorch's out=
+  // functions it records no autograd history: under grad mode neither t nor
+  // out may require grad. Every rank checks every rank's out before any data
+  // moves (a bad one raises ShapeError on all of them). Returns out.
+  // docs/communicator.md ("alltoall_out").
+  at::Tensor& alltoall_out(at::Tensor& out, const at::Tensor& t, int64_t gather_axis,
+                           int64_t scatter_axis, int64_t numelem,
+                           const StaticShapes& shapes = {}) const;
 
   // -- point to point --------------------------------------------------------
   // 0 <= tag < max_tag(); the adjoint messages use tags above max_tag().
