@@ -5,8 +5,9 @@
 # rank under valgrind, collection on only inside that side's calls.
 #   tools/instructions.sh BUILD_DIR RANKS BENCHMARK...    e.g.
 #   tools/instructions.sh build 1 all_sum_reduce_fwd/4096 broadcast_fwd/4096
-# Prints one line per benchmark: ours and raw instructions per call (summed
-# over the ranks, divided by the calls each rank counted), and their ratio.
+# Prints one line per benchmark: ours and raw instructions per call (every
+# rank's instructions over every rank's counted calls: the mean over the
+# ranks of one rank's count per call), and their ratio.
 # At 2 ranks and more the counts include MPICH's polling while a rank waits
 # for its peer, which depends on timing; at 1 rank they are the calls' own
 # work only.
