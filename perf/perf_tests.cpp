@@ -86,7 +86,8 @@ RunT synthetic(double time, double ratio, int reps, unsigned seed, const std::st
 }
 
 TEST(Gate, PassesOnItselfAndFailsOnAPlanted30PercentSlowdown) {
-  const GateOptions o;
+  GateOptions o;
+  o.gate_time = true;
   const RunT base = synthetic(100, 1.5, 8, 1);
   EXPECT_FALSE(gate(base, base, o).failed);
   const RunT slow = synthetic(130, 1.95, 8, 2);  // both time and ratio 30% up
@@ -109,12 +110,31 @@ TEST(Gate, NoiseAndSmallChangesPass) {
   EXPECT_EQ(r.rows[0].time.verdict, "faster");
 }
 
-TEST(Gate, RatioOnlyIgnoresAbsoluteTimeButNotTheRatio) {
-  GateOptions o;
-  o.ratio_only = true;
-  // Another machine: everything 30% slower, the ratio unchanged.
-  EXPECT_FALSE(gate(synthetic(100, 1.5, 8, 1), synthetic(130, 1.5, 8, 6), o).failed);
+TEST(Gate, ByDefaultRatiosAloneAreGated) {
+  const GateOptions o;
+  // Another machine: everything 30% slower, the ratio unchanged: passes,
+  // the time reported slower.
+  const GateReport other = gate(synthetic(100, 1.5, 8, 1), synthetic(130, 1.5, 8, 6), o);
+  EXPECT_FALSE(other.failed);
+  ASSERT_EQ(other.rows.size(), 1u);
+  EXPECT_EQ(other.rows[0].time.verdict, "slower");
+  // A ratio 30% worse fails whatever the times.
   EXPECT_TRUE(gate(synthetic(100, 1.5, 8, 1), synthetic(100, 1.95, 8, 7), o).failed);
+  // A machine 30% faster does not hide a ratio 30% worse either.
+  EXPECT_TRUE(gate(synthetic(100, 1.5, 8, 1), synthetic(70, 1.95, 8, 8), o).failed);
+}
+
+TEST(Gate, TimesGatedOnRequestWithAWarningWhenTheMachinesDiffer) {
+  GateOptions o;
+  o.gate_time = true;
+  RunT base = synthetic(100, 1.5, 8, 1), slower = synthetic(130, 1.5, 8, 6);
+  EXPECT_TRUE(gate(base, slower, o).failed);  // same (empty) machine: time counts
+  EXPECT_TRUE(gate(base, slower, o).warnings.empty());
+  base.machine["cpu_model"] = "A";
+  slower.machine["cpu_model"] = "B";
+  const GateReport r = gate(base, slower, o);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("machines differ"), std::string::npos) << r.warnings[0];
 }
 
 TEST(Gate, TooFewRepetitionsWarnAndMissingBenchmarksAreListed) {
