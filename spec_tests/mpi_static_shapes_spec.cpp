@@ -373,6 +373,20 @@ TEST_F(StaticShapes, CommunicatorBrokenPromises) {
     EXPECT_TRUE(agreed(rule == rule_code::kStaticShapes))
         << "alltoall then alltoall_out at one site, rank " << rank() << ": '" << rule << "'";
   }
+  // A later call whose out is refused (here it requires grad) says why,
+  // not only that its record changed.
+  {
+    const Verify verify(false);
+    const auto one = mpi::StaticShapes::promise();
+    cs[4].call(cs[4].input(1, false), one);
+    const std::string rule = raised_rule<ShapeError>([&] {
+      const at::Tensor t = cs[4].input(2, false);
+      at::Tensor out = at::empty({t.size(0) * size(), 2}, t.options()).requires_grad_();
+      mpi::Communicator::world().alltoall_out(out, t, 0, 1, 2, one);
+    });
+    EXPECT_TRUE(agreed(rule == rule_code::kOutTensor))
+        << "alltoall_out's later call with a refused out, rank " << rank() << ": '" << rule << "'";
+  }
 }
 
 }  // namespace

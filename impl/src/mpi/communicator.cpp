@@ -314,6 +314,9 @@ std::shared_ptr<const void> static_derived(const CommState& s, Record mine,
     first = site->first.at(s.rank);
     if (same_statement(mine, first)) return site->derived;
   }
+  // A local problem of this call (an out refused, an axis out of range)
+  // says so rather than only that the record changed.
+  if (mine.status != Record::kOk) raise_record(what(), s.rank, mine);
   raise_broken_promise(what(), "rank " + std::to_string(s.rank), describe_record(first),
                        describe_record(mine));
 }
