@@ -92,6 +92,16 @@ rc::Gen<CommCase> gen_case(int p) {
       c.base.push_back(*rc::gen::weightedElement<int64_t>({{1, 0}, {4, 1}, {4, 2}, {3, 3}}));
     c.axis = *rc::gen::inRange<int64_t>(0, dims);
     c.axis2 = *rc::gen::inRange<int64_t>(0, dims);
+    // alltoall_out copies the received blocks into out when rows come
+    // before the gather axis (outer > 1) and receives in place otherwise:
+    // half its cases gather along the last of at least two dimensions, with
+    // two rows ahead, so that both paths are drawn at the default count.
+    if (c.call == "alltoall_out" && *rc::gen::inRange(0, 2) == 0) {
+      while (c.base.size() < 2) c.base.push_back(2);
+      c.axis = static_cast<int64_t>(c.base.size()) - 1;
+      c.axis2 = *rc::gen::inRange<int64_t>(0, static_cast<int64_t>(c.base.size()));
+      c.base[0] = 2;
+    }
     for (int r = 0; r < p; ++r) c.extents.push_back(*rc::gen::inRange<int64_t>(0, 4));
     if ((c.call == "alltoall" || c.call == "alltoall_out") && c.axis == c.axis2)
       c.numelem = split(sum_of(c.extents), p);  // the concatenation re-split
