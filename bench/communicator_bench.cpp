@@ -138,33 +138,27 @@ struct AlltoallRow {
                  world_comm());
   }
 };
-void comm_alltoall_fwd(benchmark::State& s) {
+// The forward rows: with or without a promise, into a new tensor or `out`.
+void alltoall_fwd(benchmark::State& s, bool promise, bool into) {
   AlltoallRow a(s, false);
-  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(a.call()); }, [&] { a.raw(); });
+  if (promise) a.site = mpi::StaticShapes::promise();
+  paired(s, s.range(0), [&] {
+    if (into) benchmark::DoNotOptimize(a.call_out());
+    else benchmark::DoNotOptimize(a.call());
+  }, [&] { a.raw(); });
 }
-void comm_alltoall_static_fwd(benchmark::State& s) {
-  AlltoallRow a(s, false);
-  a.site = mpi::StaticShapes::promise();
-  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(a.call()); }, [&] { a.raw(); });
-}
-void comm_alltoall_out_fwd(benchmark::State& s) {
-  AlltoallRow a(s, false);
-  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(a.call_out()); }, [&] { a.raw(); });
-}
-void comm_alltoall_out_static_fwd(benchmark::State& s) {
-  AlltoallRow a(s, false);
-  a.site = mpi::StaticShapes::promise();
-  paired(s, s.range(0), [&] { benchmark::DoNotOptimize(a.call_out()); }, [&] { a.raw(); });
-}
-void comm_alltoall_fair_fwdbwd(benchmark::State& s) {
+void comm_alltoall_fwd(benchmark::State& s) { alltoall_fwd(s, false, false); }
+void comm_alltoall_static_fwd(benchmark::State& s) { alltoall_fwd(s, true, false); }
+void comm_alltoall_out_fwd(benchmark::State& s) { alltoall_fwd(s, false, true); }
+void comm_alltoall_out_static_fwd(benchmark::State& s) { alltoall_fwd(s, true, true); }
+// The fair forward+backward rows (raw_autograd.hpp), with or without a promise.
+void alltoall_fair_fwdbwd(benchmark::State& s, bool promise) {
   AlltoallRow a(s, true);
+  if (promise) a.site = mpi::StaticShapes::promise();
   fair_fwdbwd(s, a.x, a.dy, [&](const at::Tensor&) { return a.call(); }, RawKind::kAlltoall);
 }
-void comm_alltoall_static_fair_fwdbwd(benchmark::State& s) {
-  AlltoallRow a(s, true);
-  a.site = mpi::StaticShapes::promise();
-  fair_fwdbwd(s, a.x, a.dy, [&](const at::Tensor&) { return a.call(); }, RawKind::kAlltoall);
-}
+void comm_alltoall_fair_fwdbwd(benchmark::State& s) { alltoall_fair_fwdbwd(s, false); }
+void comm_alltoall_static_fair_fwdbwd(benchmark::State& s) { alltoall_fair_fwdbwd(s, true); }
 void comm_alltoall_fwdbwd(benchmark::State& s) {
   AlltoallRow a(s, true);
   paired(s, s.range(0), [&] { backward_and_reset(a.call(), a.dy, a.x); }, [&] {
