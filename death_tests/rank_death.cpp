@@ -8,6 +8,10 @@
 //               in smp::barrier
 //   isend       a ring of Communicator isend/irecv of 1 MiB, then wait
 //   throw       as pipeline, but the victim's layer throws (user code)
+//   stuck       as collective, but the victim neither dies nor joins: it
+//               sleeps, and the waiting ranks' watchdog (PARTITA_WAIT_TIMEOUT,
+//               set by the test) must end the job, whether the wait is a
+//               blocking MPI call or partita's own loop (docs/mpi-runtime.md)
 //
 // Every rank prints "rank R is pid P" at start (Hydra names a process that
 // died by its pid); every rank but the victim prints "rank R waits in MODE"
@@ -73,7 +77,11 @@ void collective() {
                          std::vector<int>{0});
   const at::Tensor x = at::full({1024}, mpi::world_rank(), at::kDouble);
   (void)layer(x);  // every rank once: the layer's plan is made and agreed
-  if (victim()) die();
+  if (victim()) {
+    if (g_mode != "stuck") die();
+    sleep(60);  // never joins; the launcher ends it with the job
+    std::abort();
+  }
   say("waits in");
   (void)layer(x);
 }
@@ -144,17 +152,17 @@ int main(int argc, char** argv) {
   g_mode = argc > 1 ? argv[1] : "";
   std::printf("rank %d is pid %d\n", mpi::world_rank(), static_cast<int>(getpid()));
   std::fflush(stdout);
-  if (mpi::world_size() < 3) {
-    std::fprintf(stderr, "rank_death: needs at least 3 ranks\n");
+  if (mpi::world_size() < 2) {
+    std::fprintf(stderr, "rank_death: needs at least 2 ranks\n");
     return 2;
   }
   try {
-    if (g_mode == "collective") collective();
+    if (g_mode == "collective" || g_mode == "stuck") collective();
     else if (g_mode == "pipeline" || g_mode == "throw") pipeline();
     else if (g_mode == "smp_send") smp_send();
     else if (g_mode == "isend") isend();
     else {
-      std::fprintf(stderr, "rank_death: unknown mode '%s' (collective, pipeline, smp_send, isend, throw)\n",
+      std::fprintf(stderr, "rank_death: unknown mode '%s' (collective, pipeline, smp_send, isend, throw, stuck)\n",
                    g_mode.c_str());
       return 2;
     }

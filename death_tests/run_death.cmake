@@ -14,6 +14,10 @@
 #              per-rank exit codes (-print-all-exitcodes) must show 9
 #              (SIGKILL) at the victim's position;
 #    throw     a surviving rank's error says "world rank VICTIM failed".
+#    watchdog  the victim is stuck, not dead: every other rank's watchdog
+#              says "partita: rank R waited S s (PARTITA_WAIT_TIMEOUT) in
+#              WHAT" (PARTITA_WAIT_TIMEOUT comes from the test's
+#              environment), WHAT naming an AllSumReduce.
 #
 # cmake -DMPIEXEC=... -DPROGRAM=... -DGUARD=... -DMODE=... -DRANKS=3 -DVICTIM=1 -DNAMING=guard -P run_death.cmake
 foreach(v MPIEXEC PROGRAM GUARD MODE RANKS VICTIM NAMING)
@@ -72,8 +76,15 @@ elseif(NAMING STREQUAL "guard")
   else()
     string(APPEND problems "the launcher's output names no rank's exit code; ")
   endif()
+elseif(NAMING STREQUAL "watchdog")
+  math(EXPR last_rank "${RANKS} - 1")
+  foreach(r RANGE ${last_rank})
+    if(NOT r EQUAL VICTIM AND NOT all MATCHES "partita: rank ${r} waited [0-9.]+ s \\(PARTITA_WAIT_TIMEOUT\\) in AllSumReduce")
+      string(APPEND problems "rank ${r}'s watchdog did not name its AllSumReduce; ")
+    endif()
+  endforeach()
 else()
-  message(FATAL_ERROR "run_death.cmake: NAMING is guard or throw, not '${NAMING}'")
+  message(FATAL_ERROR "run_death.cmake: NAMING is guard, throw or watchdog, not '${NAMING}'")
 endif()
 
 math(EXPR last "${RANKS} - 1")

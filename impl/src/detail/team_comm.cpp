@@ -38,28 +38,52 @@ bool regular_blocks(const std::vector<int>& counts, const std::vector<int>& disp
 }
 }  // namespace
 
-void iallgather_blocks(const void* send, int count, MPI_Datatype type, void* recv,
-                       const std::vector<int>& counts, const std::vector<int>& displs,
-                       MPI_Comm comm, MPI_Request* req) {
+void allgather_blocks(const void* send, int count, MPI_Datatype type, void* recv,
+                      const std::vector<int>& counts, const std::vector<int>& displs,
+                      MPI_Comm comm, const char* what) {
   if (!counts.empty() && regular_blocks(counts, displs))
-    PARTITA_MPI_CHECK(MPI_Iallgather(send, count, type, recv, counts[0], type, comm, req));
+    call(
+        what, [&] { PARTITA_MPI_CHECK(MPI_Allgather(send, count, type, recv, counts[0], type, comm)); },
+        [&](MPI_Request* req) {
+          PARTITA_MPI_CHECK(MPI_Iallgather(send, count, type, recv, counts[0], type, comm, req));
+        });
   else
-    PARTITA_MPI_CHECK(MPI_Iallgatherv(send, count, type, recv, counts.data(), displs.data(), type,
-                                      comm, req));
+    call(
+        what,
+        [&] {
+          PARTITA_MPI_CHECK(MPI_Allgatherv(send, count, type, recv, counts.data(), displs.data(),
+                                           type, comm));
+        },
+        [&](MPI_Request* req) {
+          PARTITA_MPI_CHECK(MPI_Iallgatherv(send, count, type, recv, counts.data(), displs.data(),
+                                            type, comm, req));
+        });
 }
 
-void ialltoall_blocks(bool uniform, const void* send, const std::vector<int>& scounts,
-                      const std::vector<int>& sdispls, void* recv, const std::vector<int>& rcounts,
-                      const std::vector<int>& rdispls, MPI_Datatype type, MPI_Comm comm,
-                      MPI_Request* req) {
+void alltoall_blocks(bool uniform, const void* send, const std::vector<int>& scounts,
+                     const std::vector<int>& sdispls, void* recv, const std::vector<int>& rcounts,
+                     const std::vector<int>& rdispls, MPI_Datatype type, MPI_Comm comm,
+                     const char* what) {
   if (uniform) {
     if (scounts.empty() || !regular_blocks(scounts, sdispls) || !regular_blocks(rcounts, rdispls) ||
         scounts[0] != rcounts[0])
-      throw std::logic_error("ialltoall_blocks: blocks said to be uniform are not");
-    PARTITA_MPI_CHECK(MPI_Ialltoall(send, scounts[0], type, recv, rcounts[0], type, comm, req));
+      throw std::logic_error("alltoall_blocks: blocks said to be uniform are not");
+    call(
+        what, [&] { PARTITA_MPI_CHECK(MPI_Alltoall(send, scounts[0], type, recv, rcounts[0], type, comm)); },
+        [&](MPI_Request* req) {
+          PARTITA_MPI_CHECK(MPI_Ialltoall(send, scounts[0], type, recv, rcounts[0], type, comm, req));
+        });
   } else {
-    PARTITA_MPI_CHECK(MPI_Ialltoallv(send, scounts.data(), sdispls.data(), type, recv,
-                                     rcounts.data(), rdispls.data(), type, comm, req));
+    call(
+        what,
+        [&] {
+          PARTITA_MPI_CHECK(MPI_Alltoallv(send, scounts.data(), sdispls.data(), type, recv,
+                                          rcounts.data(), rdispls.data(), type, comm));
+        },
+        [&](MPI_Request* req) {
+          PARTITA_MPI_CHECK(MPI_Ialltoallv(send, scounts.data(), sdispls.data(), type, recv,
+                                           rcounts.data(), rdispls.data(), type, comm, req));
+        });
   }
 }
 
@@ -70,10 +94,13 @@ std::vector<Header> exchange_headers(const Partition& P, const Header& mine, con
   if (P.size() == 1) return {mine};
   constexpr int n = sizeof(Header) / sizeof(int64_t);
   std::vector<Header> all(P.size());
-  MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Iallgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T,
-                                   P.comm(), &req));
-  wait(req, what);
+  call(
+      what,
+      [&] { PARTITA_MPI_CHECK(MPI_Allgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, P.comm())); },
+      [&](MPI_Request* req) {
+        PARTITA_MPI_CHECK(MPI_Iallgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T,
+                                         P.comm(), req));
+      });
   return all;
 }
 
@@ -155,6 +182,31 @@ at::Tensor contiguous_copy(const at::Tensor& x) {
   return x.detach().clone(at::MemoryFormat::Contiguous);
 }
 
+namespace {
+// The team operations of bcast_teams / reduce_teams: `op(nullptr)` runs
+// one's blocking form, `op(&request)` posts its non-blocking one. Those
+// with `has_...` false are skipped; `meanwhile()` runs while two are in
+// flight, or after the one. One alone runs under the waiting policy (mpi::call); two are
+// both posted before either is waited for: a rank that is the root of one
+// team and a member of another could otherwise block in them in the
+// opposite order to a peer.
+template <typename First, typename Second, typename Meanwhile>
+void both_or_one(bool has_first, First&& first, bool has_second, Second&& second,
+                 Meanwhile&& meanwhile, const std::string& what) {
+  if (has_first && has_second) {
+    MPI_Request reqs[2];
+    first(&reqs[0]);
+    second(&reqs[1]);
+    meanwhile();
+    wait_all(2, reqs, what.c_str());
+    return;
+  }
+  if (has_first) call(what.c_str(), [&] { first(nullptr); }, [&](MPI_Request* req) { first(req); });
+  if (has_second) call(what.c_str(), [&] { second(nullptr); }, [&](MPI_Request* req) { second(req); });
+  meanwhile();
+}
+}  // namespace
+
 // Both teams' counts are checked before anything is copied, allocated or
 // posted (issue 35 item 5): a rank that is the root of one team and a
 // member of another used to post the first broadcast (or reduction) and
@@ -168,27 +220,30 @@ at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
                     member_team.comm() == root_team.comm();
   const int root_count = root_team.active() ? mpi_count(src.numel(), what) : 0;
   const int member_count = member_team.active() && !self ? mpi_count(volume(out_shape), what) : 0;
-  MPI_Request reqs[2];
-  int n = 0;
   at::Tensor send, out;
   if (root_team.active()) send = src.contiguous();
   if (member_team.active() && !self) out = fresh(out_shape, out_options);
-  if (root_count > 0)
-    PARTITA_MPI_CHECK(MPI_Ibcast(send.data_ptr(), root_count, mpi_datatype(send.scalar_type()), 0,
-                                 root_team.comm(), &reqs[n++]));
-  if (member_count > 0)
-    PARTITA_MPI_CHECK(MPI_Ibcast(out.data_ptr(), member_count, mpi_datatype(out.scalar_type()), 0,
-                                 member_team.comm(), &reqs[n++]));
-  if (self) {
-    // The root is its own receiver: its output is a copy, not its input.
-    // One memcpy of the contiguous input when the output has its shape and
-    // dtype (always, for the layers), else a clone.
+  // The root is its own receiver: its output is a copy, not its input.
+  // One memcpy of the contiguous input when the output has its shape and
+  // dtype (always, for the layers), else a clone.
+  auto copy_for_self = [&] {
+    if (!self) return;
     out = send.scalar_type() == out_options.dtype().toScalarType() &&
                   send.sizes().equals(out_shape)
               ? contiguous_copy(send)
               : src.clone();
-  }
-  wait_all(n, reqs, what.c_str());
+  };
+  const auto as_root = [&](MPI_Request* req) {
+    const MPI_Datatype type = mpi_datatype(send.scalar_type());
+    if (!req) return PARTITA_MPI_CHECK(MPI_Bcast(send.data_ptr(), root_count, type, 0, root_team.comm()));
+    PARTITA_MPI_CHECK(MPI_Ibcast(send.data_ptr(), root_count, type, 0, root_team.comm(), req));
+  };
+  const auto as_member = [&](MPI_Request* req) {
+    const MPI_Datatype type = mpi_datatype(out.scalar_type());
+    if (!req) return PARTITA_MPI_CHECK(MPI_Bcast(out.data_ptr(), member_count, type, 0, member_team.comm()));
+    PARTITA_MPI_CHECK(MPI_Ibcast(out.data_ptr(), member_count, type, 0, member_team.comm(), req));
+  };
+  both_or_one(root_count > 0, as_root, member_count > 0, as_member, copy_for_self, what);
   return out;
 }
 
@@ -199,22 +254,29 @@ at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team
                     member_team.comm() == root_team.comm();
   const int member_count = member_team.active() && !self ? mpi_count(contrib.numel(), what) : 0;
   const int root_count = root_team.active() ? mpi_count(volume(out_shape), what) : 0;
-  MPI_Request reqs[2];
-  int n = 0;
   at::Tensor send, out;
   if (member_team.active()) send = contrib.contiguous();
   // A root that contributes to its own team sends from its input into a
   // fresh output; one that does not reduces in place into zeros.
   if (root_team.active()) out = self ? fresh(out_shape, out_options) : at::zeros(out_shape, out_options);
-  if (member_count > 0)
-    PARTITA_MPI_CHECK(MPI_Ireduce(send.data_ptr(), nullptr, member_count,
-                                  mpi_datatype(send.scalar_type()), mpi_sum(send.scalar_type()),
-                                  0, member_team.comm(), &reqs[n++]));
-  if (root_count > 0)
-    PARTITA_MPI_CHECK(MPI_Ireduce(self ? send.data_ptr() : MPI_IN_PLACE, out.data_ptr(), root_count,
-                                  mpi_datatype(out.scalar_type()), mpi_sum(out.scalar_type()), 0,
-                                  root_team.comm(), &reqs[n++]));
-  wait_all(n, reqs, what.c_str());
+  const auto as_member = [&](MPI_Request* req) {
+    const at::ScalarType t = send.scalar_type();
+    if (!req)
+      return PARTITA_MPI_CHECK(MPI_Reduce(send.data_ptr(), nullptr, member_count, mpi_datatype(t),
+                                          mpi_sum(t), 0, member_team.comm()));
+    PARTITA_MPI_CHECK(MPI_Ireduce(send.data_ptr(), nullptr, member_count, mpi_datatype(t),
+                                  mpi_sum(t), 0, member_team.comm(), req));
+  };
+  const auto as_root = [&](MPI_Request* req) {
+    const at::ScalarType t = out.scalar_type();
+    const void* in = self ? send.data_ptr() : MPI_IN_PLACE;
+    if (!req)
+      return PARTITA_MPI_CHECK(MPI_Reduce(in, out.data_ptr(), root_count, mpi_datatype(t),
+                                          mpi_sum(t), 0, root_team.comm()));
+    PARTITA_MPI_CHECK(MPI_Ireduce(in, out.data_ptr(), root_count, mpi_datatype(t), mpi_sum(t), 0,
+                                  root_team.comm(), req));
+  };
+  both_or_one(member_count > 0, as_member, root_count > 0, as_root, [] {}, what);
   return out;
 }
 
@@ -407,30 +469,40 @@ at::Tensor allreduce(const Group& g, const at::Tensor& x, MPI_Op op, const std::
   // MPI reads the input and writes a fresh output: no copy of our own.
   const at::Tensor in = x.contiguous();
   at::Tensor out = fresh(in.sizes(), in.options());
-  MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Iallreduce(in.data_ptr(), out.data_ptr(), count,
-                                   mpi_datatype(in.scalar_type()), op, g.comm, &req));
-  wait(req, what.c_str());
+  const MPI_Datatype type = mpi_datatype(in.scalar_type());
+  call(
+      what.c_str(),
+      [&] { PARTITA_MPI_CHECK(MPI_Allreduce(in.data_ptr(), out.data_ptr(), count, type, op, g.comm)); },
+      [&](MPI_Request* req) {
+        PARTITA_MPI_CHECK(MPI_Iallreduce(in.data_ptr(), out.data_ptr(), count, type, op, g.comm, req));
+      });
   return out;
 }
 
 void bcast_inplace(const Group& g, at::Tensor& buf, int root, const std::string& what) {
   if (g.size == 1 || buf.numel() == 0) return;
-  MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Ibcast(buf.data_ptr(), mpi_count(buf.numel(), what),
-                               mpi_datatype(buf.scalar_type()), root, g.comm, &req));
-  wait(req, what.c_str());
+  const int count = mpi_count(buf.numel(), what);
+  const MPI_Datatype type = mpi_datatype(buf.scalar_type());
+  call(
+      what.c_str(), [&] { PARTITA_MPI_CHECK(MPI_Bcast(buf.data_ptr(), count, type, root, g.comm)); },
+      [&](MPI_Request* req) {
+        PARTITA_MPI_CHECK(MPI_Ibcast(buf.data_ptr(), count, type, root, g.comm, req));
+      });
 }
 
 void reduce_inplace(const Group& g, at::Tensor& buf, MPI_Op op, int root,
                     const std::string& what) {
   if (g.size == 1 || buf.numel() == 0) return;
-  MPI_Request req;
   const bool me = g.rank == root;
-  PARTITA_MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : buf.data_ptr(), me ? buf.data_ptr() : nullptr,
-                                mpi_count(buf.numel(), what), mpi_datatype(buf.scalar_type()), op,
-                                root, g.comm, &req));
-  wait(req, what.c_str());
+  const void* send = me ? MPI_IN_PLACE : buf.data_ptr();
+  void* recv = me ? buf.data_ptr() : nullptr;
+  const int count = mpi_count(buf.numel(), what);
+  const MPI_Datatype type = mpi_datatype(buf.scalar_type());
+  call(
+      what.c_str(), [&] { PARTITA_MPI_CHECK(MPI_Reduce(send, recv, count, type, op, root, g.comm)); },
+      [&](MPI_Request* req) {
+        PARTITA_MPI_CHECK(MPI_Ireduce(send, recv, count, type, op, root, g.comm, req));
+      });
 }
 
 at::Tensor reduce_to(const Group& g, const at::Tensor& x, MPI_Op op, int root,
@@ -441,10 +513,14 @@ at::Tensor reduce_to(const Group& g, const at::Tensor& x, MPI_Op op, int root,
   const bool me = g.rank == root;
   at::Tensor out = me ? at::empty(in.sizes(), in.options()) : at::Tensor();
   if (count > 0) {
-    MPI_Request req;
-    PARTITA_MPI_CHECK(MPI_Ireduce(in.data_ptr(), me ? out.data_ptr() : nullptr, count,
-                                  mpi_datatype(in.scalar_type()), op, root, g.comm, &req));
-    wait(req, what.c_str());
+    void* recv = me ? out.data_ptr() : nullptr;
+    const MPI_Datatype type = mpi_datatype(in.scalar_type());
+    call(
+        what.c_str(),
+        [&] { PARTITA_MPI_CHECK(MPI_Reduce(in.data_ptr(), recv, count, type, op, root, g.comm)); },
+        [&](MPI_Request* req) {
+          PARTITA_MPI_CHECK(MPI_Ireduce(in.data_ptr(), recv, count, type, op, root, g.comm, req));
+        });
   }
   return out;
 }
@@ -458,12 +534,17 @@ at::Tensor gather_dim(const Group& g, const at::Tensor& x, int64_t dim,
   at::DimVector out_sizes(c.sizes().begin(), c.sizes().end());
   out_sizes[dim] = g.rank == root ? total(lengths) : 0;
   at::Tensor staged = blocks_buffer(out_sizes, dim, g.rank == root ? n : 0, c.options());
-  MPI_Request req;
   const MPI_Datatype type = mpi_datatype(c.scalar_type());
-  PARTITA_MPI_CHECK(MPI_Igatherv(c.data_ptr(), counts.at(g.rank), type,
-                                 staged.data_ptr(), counts.data(), displs.data(), type, root,
-                                 g.comm, &req));
-  wait(req, what.c_str());
+  call(
+      what.c_str(),
+      [&] {
+        PARTITA_MPI_CHECK(MPI_Gatherv(c.data_ptr(), counts.at(g.rank), type, staged.data_ptr(),
+                                      counts.data(), displs.data(), type, root, g.comm));
+      },
+      [&](MPI_Request* req) {
+        PARTITA_MPI_CHECK(MPI_Igatherv(c.data_ptr(), counts.at(g.rank), type, staged.data_ptr(),
+                                       counts.data(), displs.data(), type, root, g.comm, req));
+      });
   return from_blocks(staged, dim, g.rank == root ? lengths : std::vector<int64_t>(), out_sizes);
 }
 
@@ -476,12 +557,9 @@ at::Tensor allgather_dim(const Group& g, const at::Tensor& x, int64_t dim,
   at::DimVector out_sizes(c.sizes().begin(), c.sizes().end());
   out_sizes[dim] = total(lengths);
   at::Tensor staged = blocks_buffer(out_sizes, dim, n, c.options());
-  if (n > 0) {
-    MPI_Request req;
-    iallgather_blocks(c.data_ptr(), counts.at(g.rank), mpi_datatype(c.scalar_type()),
-                      staged.data_ptr(), counts, displs, g.comm, &req);
-    wait(req, what.c_str());
-  }
+  if (n > 0)
+    allgather_blocks(c.data_ptr(), counts.at(g.rank), mpi_datatype(c.scalar_type()),
+                     staged.data_ptr(), counts, displs, g.comm, what.c_str());
   return from_blocks(staged, dim, lengths, out_sizes);
 }
 
@@ -497,11 +575,18 @@ at::Tensor reduce_scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
   const at::Tensor staged = send_blocks(c, dim, starts_of(lengths), lengths, counts, displs);
   at::Tensor out = fresh(out_sizes, c.options());
   if (c.numel() > 0) {
-    MPI_Request req;
-    PARTITA_MPI_CHECK(MPI_Ireduce_scatter(staged.data_ptr(), out.data_ptr(), counts.data(),
-                                          mpi_datatype(c.scalar_type()),
-                                          mpi_sum(c.scalar_type()), g.comm, &req));
-    wait(req, what.c_str());
+    const MPI_Datatype type = mpi_datatype(c.scalar_type());
+    const MPI_Op op = mpi_sum(c.scalar_type());
+    call(
+        what.c_str(),
+        [&] {
+          PARTITA_MPI_CHECK(MPI_Reduce_scatter(staged.data_ptr(), out.data_ptr(), counts.data(),
+                                               type, op, g.comm));
+        },
+        [&](MPI_Request* req) {
+          PARTITA_MPI_CHECK(MPI_Ireduce_scatter(staged.data_ptr(), out.data_ptr(), counts.data(),
+                                                type, op, g.comm, req));
+        });
   }
   return out;
 }
@@ -521,12 +606,18 @@ at::Tensor scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
     out.view({-1}).copy_(staged.view({-1}).narrow(0, displs[0], counts[0]));
     return out;
   }
-  MPI_Request req;
   const MPI_Datatype type = mpi_datatype(options.dtype().toScalarType());
-  PARTITA_MPI_CHECK(MPI_Iscatterv(g.rank == root ? staged.data_ptr() : nullptr, counts.data(),
-                                  displs.data(), type, out.data_ptr(),
-                                  counts.at(g.rank), type, root, g.comm, &req));
-  wait(req, what.c_str());
+  const void* send = g.rank == root ? staged.data_ptr() : nullptr;
+  call(
+      what.c_str(),
+      [&] {
+        PARTITA_MPI_CHECK(MPI_Scatterv(send, counts.data(), displs.data(), type, out.data_ptr(),
+                                       counts.at(g.rank), type, root, g.comm));
+      },
+      [&](MPI_Request* req) {
+        PARTITA_MPI_CHECK(MPI_Iscatterv(send, counts.data(), displs.data(), type, out.data_ptr(),
+                                        counts.at(g.rank), type, root, g.comm, req));
+      });
   return out;
 }
 
@@ -644,17 +735,14 @@ at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
   if (p == 1) {
     recv.view({-1}).copy_(send.view({-1}).narrow(0, k.sdispls[0], k.scounts[0]));
   } else {
-    MPI_Request req;
     // Equal blocks everywhere: every member sends every other the same
     // number of rows of the same extents (numelem and gextents are agreed).
     const bool uniform =
         gather_dim != scatter_dim &&
         std::all_of(numelem.begin(), numelem.end(), [&](int64_t n) { return n == numelem[0]; }) &&
         std::all_of(gextents.begin(), gextents.end(), [&](int64_t e) { return e == gextents[0]; });
-    ialltoall_blocks(uniform, send.data_ptr(), k.scounts, k.sdispls, recv.data_ptr(), k.rcounts,
-                     k.rdispls,
-                     mpi_datatype(c.scalar_type()), g.comm, &req);
-    wait(req, what.c_str());
+    alltoall_blocks(uniform, send.data_ptr(), k.scounts, k.sdispls, recv.data_ptr(), k.rcounts,
+                    k.rdispls, mpi_datatype(c.scalar_type()), g.comm, what.c_str());
   }
   // The received blocks follow each other along gather_dim (equal axes:
   // along the axis, member i's rows being recv_rows[i]).

@@ -44,21 +44,22 @@ std::vector<Header> exchange_headers(const Partition& P, const Header& mine, con
 // refuse bool before any movement (input.dtype_unsupported).
 MPI_Datatype mpi_datatype(at::ScalarType t);
 
-// MPI_Iallgatherv / MPI_Ialltoallv, posted as MPI_Iallgather / MPI_Ialltoall
-// when the blocks are equal and follow each other. MPICH 4.0.2 runs the "v"
-// forms of equal blocks 1.5x (alltoall) to 4x (allgather, 256 KiB) slower
-// than the regular ones at 2 ranks (docs/benchmarks.md). Every rank must
-// choose alike: the gather's counts are the same list on every rank; for
-// the all-to-all the caller says whether every rank's blocks are equal
-// (`uniform`, from what every rank knows), and the counts must then be
-// regular here.
-void iallgather_blocks(const void* send, int count, MPI_Datatype type, void* recv,
-                       const std::vector<int>& counts, const std::vector<int>& displs,
-                       MPI_Comm comm, MPI_Request* req);
-void ialltoall_blocks(bool uniform, const void* send, const std::vector<int>& scounts,
-                      const std::vector<int>& sdispls, void* recv, const std::vector<int>& rcounts,
-                      const std::vector<int>& rdispls, MPI_Datatype type, MPI_Comm comm,
-                      MPI_Request* req);
+// MPI_Allgatherv / MPI_Alltoallv, run as MPI_Allgather / MPI_Alltoall when
+// the blocks are equal and follow each other, each finished under the
+// waiting policy (mpi::call: blocking or posted and waited for). MPICH
+// 4.0.2 runs the "v" forms of equal blocks 1.5x (alltoall) to 4x
+// (allgather, 256 KiB) slower than the regular ones at 2 ranks
+// (docs/benchmarks.md). Every rank must choose alike: the gather's counts
+// are the same list on every rank; for the all-to-all the caller says
+// whether every rank's blocks are equal (`uniform`, from what every rank
+// knows), and the counts must then be regular here.
+void allgather_blocks(const void* send, int count, MPI_Datatype type, void* recv,
+                      const std::vector<int>& counts, const std::vector<int>& displs,
+                      MPI_Comm comm, const char* what);
+void alltoall_blocks(bool uniform, const void* send, const std::vector<int>& scounts,
+                     const std::vector<int>& sdispls, void* recv, const std::vector<int>& rcounts,
+                     const std::vector<int>& rdispls, MPI_Datatype type, MPI_Comm comm,
+                     const char* what);
 MPI_Op mpi_sum(at::ScalarType t);
 int mpi_count(int64_t numel, const std::string& what);
 
@@ -117,8 +118,9 @@ namespace partita::mpi::detail {
 
 // ---- The data movement of the layers and of the communicator (one
 // implementation, issue 12 item 7) --------------------------------------------
-// Each call starts one non-blocking collective over `g` and finishes it
-// through mpi::wait; each returns new storage (never the input's). A tensor
+// Each call runs one collective over `g` under the waiting policy
+// (mpi::call: its blocking form, or the non-blocking one finished by
+// mpi::wait); each returns new storage (never the input's). A tensor
 // is seen as [outer, length, inner] along the moved dimension `dim`: a
 // member's piece is a contiguous [outer, len, inner] block, moved as it is;
 // only when outer > 1 does one copy put the rows in place (no transposes).

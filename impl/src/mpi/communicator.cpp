@@ -238,10 +238,13 @@ std::vector<Record> exchange_records(const CommState& s, const Record& mine,
                                      const std::string& what) {
   std::vector<Record> all(s.size);
   constexpr int n = sizeof(Record) / sizeof(int64_t);
-  MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Iallgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, s.comm,
-                                   &req));
-  wait(req, (what + " (shapes)").c_str());
+  const std::string shapes = what + " (shapes)";
+  call(
+      shapes.c_str(),
+      [&] { PARTITA_MPI_CHECK(MPI_Allgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, s.comm)); },
+      [&](MPI_Request* req) {
+        PARTITA_MPI_CHECK(MPI_Iallgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, s.comm, req));
+      });
   for (int i = 0; i < s.size; ++i)
     if (all[i].status != Record::kOk) raise_record(what, i, all[i]);
   for (int i = 1; i < s.size; ++i)

@@ -4,12 +4,15 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <iostream>
+#include <mutex>
 #include <thread>
 
 #include "partita/errors.hpp"
@@ -26,6 +29,10 @@ double g_timeout = 0;  // seconds; 0 = no watchdog
 double g_deadline = 0;  // seconds; 0 = no deadline
 long g_deadline_misses = 0;
 const std::function<void()>* g_interrupt = nullptr;  // ScopedWaitInterrupt
+// Blocking calls (blocking_waits()): agreed by every rank at start-up, so
+// that no collective is blocking on one rank and non-blocking on another
+// (MPI does not match the two forms).
+bool g_blocking = false;
 
 WaitPolicy policy_from_environment() {
   const char* env = std::getenv("PARTITA_WAIT");
@@ -41,14 +48,76 @@ WaitPolicy policy_from_environment() {
   return local > static_cast<int>(cores) ? WaitPolicy::Yield : WaitPolicy::Spin;
 }
 
-[[noreturn]] void watchdog_fired(const char* what, double waited) {
+void print_watchdog(const char* what, double waited) {
   std::fprintf(stderr,
                "partita: rank %d waited %.1f s (PARTITA_WAIT_TIMEOUT) in %s; "
                "aborting the job instead of hanging\n",
                g_rank, waited, what);
   std::fflush(stderr);
+}
+
+[[noreturn]] void watchdog_fired(const char* what, double waited) {
+  print_watchdog(what, waited);
   MPI_Abort(MPI_COMM_WORLD, 3);
   std::abort();
+}
+
+// The watchdog of blocking calls: WatchedCall publishes a number per call
+// (0: none running) and its name; a thread of its own samples them, and a
+// call still running with the same number after g_timeout seconds ends
+// the process. The thread starts with the first watched call.
+struct Watchdog {
+  std::atomic<uint64_t> call{0};
+  std::atomic<const char*> what{nullptr};
+  uint64_t calls = 0;  // numbers handed out (the calling thread only)
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stop = false;
+  std::thread thread;
+
+  void run() {
+    using clock = std::chrono::steady_clock;
+    const auto tick = std::chrono::duration<double>(std::clamp(g_timeout / 20, 0.01, 0.5));
+    uint64_t seen = 0;
+    clock::time_point since = clock::now();
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!wake.wait_for(lock, tick, [this] { return stop; })) {
+      const uint64_t now = call.load(std::memory_order_acquire);
+      if (now == 0 || now != seen) {
+        seen = now;
+        since = clock::now();
+        continue;
+      }
+      const double waited = std::chrono::duration<double>(clock::now() - since).count();
+      if (waited <= g_timeout) continue;
+      const char* name = what.load(std::memory_order_acquire);
+      if (call.load(std::memory_order_acquire) != seen) continue;  // it just ended
+      // No MPI call from this thread (MPI_THREAD_SERIALIZED, and the
+      // watched thread is inside MPI): the process ends by a signal, which
+      // MPICH's launcher answers by ending the job.
+      print_watchdog(name ? name : "a blocking MPI call", waited);
+      std::abort();
+    }
+  }
+  void start() {
+    if (!thread.joinable()) thread = std::thread([this] { run(); });
+  }
+  ~Watchdog() { finish(); }  // (a process that never destroyed its Environment)
+  void finish() {
+    if (!thread.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    wake.notify_all();
+    thread.join();
+  }
+};
+Watchdog g_watchdog;
+
+bool blocking_from_environment() {
+  const char* env = std::getenv("PARTITA_BLOCKING");
+  return !(env && std::string(env) == "0");
 }
 }  // namespace
 
@@ -70,9 +139,15 @@ Environment::Environment(int* argc, char*** argv) {
   if (const char* t = std::getenv("PARTITA_WAIT_TIMEOUT")) g_timeout = std::atof(t);
   if (const char* t = std::getenv("PARTITA_DEADLINE")) g_deadline = scaled_for_ranks(std::atof(t));
   buffer_cache_from_environment();
+  // Blocking calls where every rank may use them (an MPI_Allreduce of
+  // start-up, before any partita traffic).
+  int mine = blocking_from_environment() && g_policy == WaitPolicy::Spin && g_deadline == 0, all = 0;
+  PARTITA_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, g_world));
+  g_blocking = all != 0;
 }
 
 Environment::~Environment() {
+  g_watchdog.finish();
   if (g_world != MPI_COMM_NULL) MPI_Comm_free(&g_world);
   if (owns_mpi_) MPI_Finalize();
 }
@@ -86,6 +161,19 @@ int world_rank() { return g_rank; }
 int world_size() { return g_size; }
 WaitPolicy wait_policy() { return g_policy; }
 void set_wait_policy(WaitPolicy policy) { g_policy = policy; }
+bool blocking_waits() {
+  return g_blocking && g_policy == WaitPolicy::Spin && g_deadline == 0 && g_interrupt == nullptr;
+}
+
+WatchedCall::WatchedCall(const char* what) : on_(g_timeout > 0) {
+  if (!on_) return;
+  g_watchdog.start();
+  g_watchdog.what.store(what, std::memory_order_release);
+  g_watchdog.call.store(++g_watchdog.calls, std::memory_order_release);
+}
+WatchedCall::~WatchedCall() {
+  if (on_) g_watchdog.call.store(0, std::memory_order_release);
+}
 const char* wait_policy_name(WaitPolicy policy) {
   return policy == WaitPolicy::Spin ? "spin" : "yield";
 }
@@ -178,14 +266,20 @@ void wait_until(const std::function<bool()>& ready, const char* what) {
   poll_until(ready, what, false);
 }
 
-void wait_all(std::vector<MPI_Request>& requests, const char* what) {
-  if (!requests.empty()) poll(static_cast<int>(requests.size()), requests.data(), what);
-}
 void wait_all(int count, MPI_Request* requests, const char* what) {
-  if (count > 0) poll(count, requests, what);
+  if (count <= 0) return;
+  if (blocking_waits()) {
+    const WatchedCall watched(what);
+    PARTITA_MPI_CHECK(MPI_Waitall(count, requests, MPI_STATUSES_IGNORE));
+    return;
+  }
+  poll(count, requests, what);
+}
+void wait_all(std::vector<MPI_Request>& requests, const char* what) {
+  wait_all(static_cast<int>(requests.size()), requests.data(), what);
 }
 
-void wait(MPI_Request& request, const char* what) { poll(1, &request, what); }
+void wait(MPI_Request& request, const char* what) { wait_all(1, &request, what); }
 
 int64_t wait_received(MPI_Request& request, MPI_Datatype type, const char* what) {
   MPI_Status status;

@@ -116,11 +116,18 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
         rcounts[union_rank.at(recvs[i].partner)] = 1;
         rt[union_rank.at(recvs[i].partner)] = rp[i].type->get();
       }
-      MPI_Request req;
-      PARTITA_MPI_CHECK(MPI_Ialltoallw(src.data_ptr(), scounts.data(), displs.data(), st.data(),
-                                       dst.data_ptr(), rcounts.data(), displs.data(), rt.data(),
-                                       P_union.comm(), &req));
-      mpi::wait(req, what.c_str());
+      mpi::call(
+          what.c_str(),
+          [&] {
+            PARTITA_MPI_CHECK(MPI_Alltoallw(src.data_ptr(), scounts.data(), displs.data(), st.data(),
+                                            dst.data_ptr(), rcounts.data(), displs.data(), rt.data(),
+                                            P_union.comm()));
+          },
+          [&](MPI_Request* req) {
+            PARTITA_MPI_CHECK(MPI_Ialltoallw(src.data_ptr(), scounts.data(), displs.data(), st.data(),
+                                             dst.data_ptr(), rcounts.data(), displs.data(), rt.data(),
+                                             P_union.comm(), req));
+          });
       return;
     }
     const int64_t elsize = static_cast<int64_t>(src.numel() ? src.element_size() : dst.element_size());

@@ -68,6 +68,49 @@ int64_t wait_received(MPI_Request& request, MPI_Datatype type, const char* what)
 void wait_all(std::vector<MPI_Request>& requests, const char* what);
 void wait_all(int count, MPI_Request* requests, const char* what);
 
+// Whether an MPI blocking call waits as partita's own loop would: under the
+// spin policy with no deadline and no ScopedWaitInterrupt alive (the
+// watchdog, when set, watches blocking calls from a thread of its own).
+// Then wait()/wait_all() finish requests with MPI_Wait/MPI_Waitall, and
+// call() runs an operation's blocking form.
+bool blocking_waits();
+
+// While alive, the watchdog (PARTITA_WAIT_TIMEOUT) times this thread's
+// blocking MPI call: if it lasts longer, a thread of the watchdog's prints
+// `partita: rank R waited S s (PARTITA_WAIT_TIMEOUT) in WHAT; aborting the
+// job instead of hanging` and aborts the process (no MPI call from that
+// thread: MPI is initialised MPI_THREAD_SERIALIZED), and the launcher ends
+// the job. Costs two atomic stores; nothing when no watchdog is set.
+class WatchedCall {
+ public:
+  explicit WatchedCall(const char* what);
+  ~WatchedCall();
+  WatchedCall(const WatchedCall&) = delete;
+  WatchedCall& operator=(const WatchedCall&) = delete;
+
+ private:
+  bool on_;
+};
+
+// One MPI operation under the waiting policy: its blocking form
+// (`blocking()`, under the watchdog) where blocking_waits(), else its
+// non-blocking form (`post(&request)`) finished by wait(). Both must be
+// the same operation on the same buffers: the choice is the process's
+// (a rank's policy and settings), so ranks may differ in it. Why: MPICH
+// runs its blocking collectives faster than the non-blocking ones, and by
+// how much depends on the host (docs/mpi-runtime.md, "Blocking calls").
+template <typename Blocking, typename Post>
+void call(const char* what, Blocking&& blocking, Post&& post) {
+  if (blocking_waits()) {
+    const WatchedCall watched(what);
+    blocking();
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  post(&request);
+  wait(request, what);
+}
+
 void set_deadline(double seconds);  // 0: off
 // `seconds` times max(1, ranks on this node / cores): what PARTITA_DEADLINE
 // is scaled by, for callers that choose their own default.

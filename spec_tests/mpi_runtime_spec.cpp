@@ -1,0 +1,217 @@
+// The waiting policy's two forms of an MPI operation (issue 34 item 1,
+// docs/mpi-runtime.md "Blocking calls"): under the spin policy with no
+// deadline and no wait interrupt, partita runs a collective's blocking form
+// (MPICH runs those faster, by a margin that depends on the host); otherwise
+// it posts the non-blocking form and finishes it in its own waiting loop.
+//
+// The MPI calls are counted through MPI's profiling interface: this file
+// defines the MPI_ entry points the layers use and forwards each to its
+// PMPI_ twin, so a test sees which form partita called and how often.
+// ctest runs it with the suites' deadline (non-blocking forms) and, as
+// spec_mpi_runtime_blocking_np2, with none (blocking forms).
+#include <gtest/gtest.h>
+
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "partita/mpi/partition.hpp"
+#include "partita/mpi/poll.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/nn/all_gather.hpp"
+#include "partita/nn/all_sum_reduce.hpp"
+#include "partita/nn/broadcast.hpp"
+#include "partita/nn/sum_reduce.hpp"
+
+namespace {
+std::map<std::string, int>& counts() {
+  static std::map<std::string, int> c;
+  return c;
+}
+bool g_counting = false;
+void count(const char* name) {
+  if (g_counting) ++counts()[name];
+}
+}  // namespace
+
+extern "C" {
+int MPI_Allreduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c) {
+  count("MPI_Allreduce");
+  return PMPI_Allreduce(s, r, n, t, op, c);
+}
+int MPI_Iallreduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c,
+                   MPI_Request* q) {
+  count("MPI_Iallreduce");
+  return PMPI_Iallreduce(s, r, n, t, op, c, q);
+}
+int MPI_Allgather(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt,
+                  MPI_Comm c) {
+  count("MPI_Allgather");
+  return PMPI_Allgather(s, sn, st, r, rn, rt, c);
+}
+int MPI_Iallgather(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt,
+                   MPI_Comm c, MPI_Request* q) {
+  count("MPI_Iallgather");
+  return PMPI_Iallgather(s, sn, st, r, rn, rt, c, q);
+}
+int MPI_Bcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm c) {
+  count("MPI_Bcast");
+  return PMPI_Bcast(b, n, t, root, c);
+}
+int MPI_Ibcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm c, MPI_Request* q) {
+  count("MPI_Ibcast");
+  return PMPI_Ibcast(b, n, t, root, c, q);
+}
+int MPI_Reduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, int root, MPI_Comm c) {
+  count("MPI_Reduce");
+  return PMPI_Reduce(s, r, n, t, op, root, c);
+}
+int MPI_Ireduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, int root, MPI_Comm c,
+                MPI_Request* q) {
+  count("MPI_Ireduce");
+  return PMPI_Ireduce(s, r, n, t, op, root, c, q);
+}
+int MPI_Wait(MPI_Request* q, MPI_Status* s) {
+  count("MPI_Wait");
+  return PMPI_Wait(q, s);
+}
+int MPI_Waitall(int n, MPI_Request* q, MPI_Status* s) {
+  count("MPI_Waitall");
+  return PMPI_Waitall(n, q, s);
+}
+}
+
+namespace partita::spec {
+namespace {
+
+// What this process's settings say: blocking forms unless PARTITA_BLOCKING=0,
+// the yield policy or a deadline (every rank of these tests has the same
+// environment, so the start-up agreement changes nothing).
+bool expected_blocking() {
+  const char* off = std::getenv("PARTITA_BLOCKING");
+  return !(off && std::string(off) == "0") && mpi::wait_policy() == mpi::WaitPolicy::Spin &&
+         mpi::deadline() == 0;
+}
+
+struct Counted {
+  Counted() {
+    counts().clear();
+    g_counting = true;
+  }
+  ~Counted() { g_counting = false; }
+  int operator[](const char* name) const {
+    auto it = counts().find(name);
+    return it == counts().end() ? 0 : it->second;
+  }
+};
+
+mpi::CartesianPartition world_line() {
+  return mpi::Partition::world().create_cartesian_topology_partition({mpi::world_size()});
+}
+at::Tensor ramp(int64_t n, double rank_scale) {
+  return at::arange(n, at::kDouble) + rank_scale * mpi::world_rank();
+}
+
+TEST(WaitingPolicy, BlockingWaitsFollowTheSettings) {
+  EXPECT_EQ(mpi::blocking_waits(), expected_blocking())
+      << "policy " << mpi::wait_policy_name(mpi::wait_policy()) << ", deadline " << mpi::deadline();
+  if (!mpi::blocking_waits()) return;
+  // A deadline needs partita's own loop (it abandons the operation and throws).
+  mpi::set_deadline(1.0);
+  EXPECT_FALSE(mpi::blocking_waits()) << "with a deadline";
+  mpi::set_deadline(0);
+  EXPECT_TRUE(mpi::blocking_waits());
+  // So does an interrupt (the pipeline's step listens for failures).
+  {
+    const std::function<void()> check = [] {};
+    const mpi::ScopedWaitInterrupt interrupt(&check);
+    EXPECT_FALSE(mpi::blocking_waits()) << "inside a ScopedWaitInterrupt";
+  }
+  EXPECT_TRUE(mpi::blocking_waits());
+  mpi::set_wait_policy(mpi::WaitPolicy::Yield);
+  EXPECT_FALSE(mpi::blocking_waits()) << "under the yield policy";
+  mpi::set_wait_policy(mpi::WaitPolicy::Spin);
+  EXPECT_TRUE(mpi::blocking_waits());
+}
+
+// One forward of each layer runs its header exchange and its data's
+// collective in the form the settings say, and nothing of the other form.
+TEST(WaitingPolicy, LayersCallTheFormThePolicySays) {
+  const int n = mpi::world_size();
+  if (n < 2) GTEST_SKIP() << "a one-rank layer makes no MPI call";
+  const bool blocking = expected_blocking();
+  const auto P = world_line();
+
+  nn::AllSumReduce allreduce(P, std::vector<int>{0});
+  const at::Tensor x = ramp(64, 100);
+  (void)allreduce(x);  // the plan is made on the first call
+  {
+    const Counted c;
+    const at::Tensor y = allreduce(x);
+    EXPECT_TRUE(at::allclose(y, n * at::arange(64, at::kDouble) + 100.0 * n * (n - 1) / 2));
+    EXPECT_EQ(c["MPI_Allgather"], blocking ? 1 : 0) << "the header exchange";
+    EXPECT_EQ(c["MPI_Iallgather"], blocking ? 0 : 1) << "the header exchange";
+    EXPECT_EQ(c["MPI_Allreduce"], blocking ? 1 : 0);
+    EXPECT_EQ(c["MPI_Iallreduce"], blocking ? 0 : 1);
+  }
+
+  // Broadcast and sum-reduce from rank 0's one-worker partition: one team
+  // operation per rank.
+  const auto root = mpi::Partition::world().create_partition_inclusive({0}).create_cartesian_topology_partition({1});
+  nn::Broadcast bcast(root, P);
+  nn::SumReduce reduce(P, root);
+  const at::Tensor b = mpi::world_rank() == 0 ? ramp(32, 0) : at::zeros({0}, at::kDouble);
+  (void)bcast(b);
+  (void)reduce(x);
+  {
+    const Counted c;
+    const at::Tensor y = bcast(b);
+    EXPECT_TRUE(at::equal(y, at::arange(32, at::kDouble)));
+    EXPECT_EQ(c["MPI_Bcast"], blocking ? 1 : 0);
+    EXPECT_EQ(c["MPI_Ibcast"], blocking ? 0 : 1);
+  }
+  {
+    const Counted c;
+    const at::Tensor y = reduce(x);
+    if (mpi::world_rank() == 0) {
+      EXPECT_TRUE(at::allclose(y, n * at::arange(64, at::kDouble) + 100.0 * n * (n - 1) / 2));
+    }
+    EXPECT_EQ(c["MPI_Reduce"], blocking ? 1 : 0);
+    EXPECT_EQ(c["MPI_Ireduce"], blocking ? 0 : 1);
+  }
+
+  // All-gather: equal blocks go by MPI_Allgather (or its posted form).
+  nn::AllGather gather(P, 0, 0);
+  const at::Tensor piece = ramp(8, 1000);
+  (void)gather(piece);
+  {
+    const Counted c;
+    const at::Tensor y = gather(piece);
+    for (int r = 0; r < n; ++r)
+      EXPECT_TRUE(at::equal(y.narrow(0, 8 * r, 8), at::arange(8, at::kDouble) + 1000.0 * r));
+    EXPECT_EQ(c["MPI_Allgather"], blocking ? 2 : 0) << "the headers', then the data's";
+    EXPECT_EQ(c["MPI_Iallgather"], blocking ? 0 : 2) << "the headers', then the data's";
+  }
+}
+
+// Point-to-point waits follow the same choice: MPI_Wait/MPI_Waitall, or
+// partita's loop of tests.
+TEST(WaitingPolicy, WaitsFinishInMpiOnlyWhenBlocking) {
+  const bool blocking = expected_blocking();
+  const int me = mpi::world_rank(), n = mpi::world_size();
+  double out = me, in = -1;
+  MPI_Request reqs[2];
+  const Counted c;
+  MPI_Irecv(&in, 1, MPI_DOUBLE, (me + n - 1) % n, 7, mpi::world_comm(), &reqs[0]);
+  MPI_Isend(&out, 1, MPI_DOUBLE, (me + 1) % n, 7, mpi::world_comm(), &reqs[1]);
+  mpi::wait_all(2, reqs, "a ring of one double");
+  EXPECT_EQ(in, (me + n - 1) % n);
+  EXPECT_EQ(c["MPI_Waitall"], blocking ? 1 : 0);
+}
+
+}  // namespace
+}  // namespace partita::spec
