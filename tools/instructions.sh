@@ -19,10 +19,25 @@ shift 2
 command -v valgrind >/dev/null || { echo "instructions.sh: valgrind is not installed (apt-get install valgrind)"; exit 2; }
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+# Valgrind 3.19 (Debian 12) decodes RDTSCP only where the CPU advertises it
+# (cpuid); some virtual machines run it without advertising it (flags
+# without `rdtscp` in /proc/cpuinfo, as on the AMD EPYC host of
+# 2026-11-26), and LibTorch's dependencies load libhwy, whose initialiser
+# executes RDTSCP in hwy::platform::TimerResolution(): under valgrind the
+# program dies of SIGILL before main. libhwy calls that function through
+# its PLT, so a preloaded definition (returning 1; only hwy's own
+# benchmarking timer reads it) takes its place there.
+preload=()
+if ! grep -qw rdtscp /proc/cpuinfo && ldd "$build/bench/bench_primitives" | grep libhwy >/dev/null; then
+  printf '#include <cstdint>\nnamespace hwy { namespace platform { uint64_t TimerResolution() { return 1; } } }\n' \
+    > "$dir/hwy_timer.cpp"
+  g++ -O2 -shared -fPIC "$dir/hwy_timer.cpp" -o "$dir/libhwy_timer.so"
+  preload=(env "LD_PRELOAD=$dir/libhwy_timer.so")
+fi
 for bench in "$@"; do
   declare -A per_call=()
   for side in ours raw; do
-    PARTITA_BENCH_COUNT=$side OMP_NUM_THREADS=1 timeout 1200 mpiexec.mpich -n "$ranks" \
+    PARTITA_BENCH_COUNT=$side OMP_NUM_THREADS=1 timeout 1200 "${preload[@]}" mpiexec.mpich -n "$ranks" \
       valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file="$dir/$side.%p" \
       "$build/bench/bench_primitives" --benchmark_filter="^${bench}/" --benchmark_min_time=0.5 \
       > "$dir/$side.log" 2>&1 || { cat "$dir/$side.log"; exit 1; }
