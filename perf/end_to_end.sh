@@ -2,7 +2,9 @@
 # perf_end_to_end (ctest): real benchmark runs through partita_perf.
 #  1. a small run at 2 ranks; the gate passes on it against itself;
 #  2. the same run with a planted 30% slowdown of partita's side
-#     (PARTITA_BENCH_PLANT_SLOWDOWN); the gate must fail on it (exit 1);
+#     (PARTITA_BENCH_PLANT_SLOWDOWN), its settings taken from the first run
+#     (`run --like`: they must come out the same); the gate must fail on it
+#     (exit 1);
 #  3. the dashboard of both runs, rendered by headless Chromium: every data
 #     point must be in the rendered SVG at its value; a screenshot is kept.
 # Exit 77 (ctest: skipped) only when Chromium is absent, after 1 and 2 ran.
@@ -20,7 +22,14 @@ PARTITA_COMMIT=baseline "$perf" "${run[@]}" --out "$dir/base.json" || fail "the 
 
 sleep 1  # a later date for the second run
 PARTITA_COMMIT=planted-slowdown PARTITA_BENCH_PLANT_SLOWDOWN=0.3 \
-  "$perf" "${run[@]}" --out "$dir/slow.json" || fail "the planted run"
+  "$perf" run --like "$dir/base.json" --out "$dir/slow.json" || fail "the planted run"
+python3 - "$dir/base.json" "$dir/slow.json" <<'PY' || fail "run --like did not repeat the first run's settings"
+import json, sys
+base, slow = (json.load(open(f))["settings"] for f in sys.argv[1:])
+slow.pop("planted_slowdown", None)
+if base != slow:
+    sys.exit(f"settings differ: {base} vs {slow}")
+PY
 "$perf" gate "$dir/base.json" "$dir/slow.json"
 status=$?
 [ $status -eq 1 ] || fail "the gate exited $status on a planted 30% slowdown (expected 1)"

@@ -67,7 +67,32 @@ struct RunOptions {
   int repetitions = 5;
   double min_time = 0.1;
   std::string filter = ".", out, bench = PARTITA_BENCH_BINARY, mpiexec = PARTITA_MPIEXEC;
+  std::string like;  // a run file whose settings this run repeats
 };
+
+// `run --like FILE`: FILE's rank counts, passes, minimum time and filter
+// (what a baseline was made with), each one unless the command line gave
+// it, so that the run has the rows the gate compares FILE's with.
+struct Given {
+  bool ranks = false, repetitions = false, min_time = false, filter = false;
+};
+void take_settings(const std::string& file, const Given& given, RunOptions& o) {
+  const Run like = read_run(file);
+  const json::Value& s = like.settings;
+  auto has = [&s](const char* key) { return s.is_object() && s.contains(key); };
+  if (!has("ranks") || !has("filter"))
+    throw Error(file + ": its settings name no rank counts or filter (a run file made by "
+                       "`partita_perf run` has both)");
+  if (!given.ranks) {
+    std::string ranks;
+    for (const auto& r : s["ranks"]) ranks += (ranks.empty() ? "" : ",") + std::to_string(r.get<int>());
+    o.ranks = ranks;
+    o.oversubscribed = false;  // (its 4 ranks, if any, are in the list)
+  }
+  if (!given.filter) o.filter = s["filter"].get<std::string>();
+  if (!given.repetitions && has("repetitions")) o.repetitions = s["repetitions"].get<int>();
+  if (!given.min_time && has("min_time")) o.min_time = json::to_double(s["min_time"]);
+}
 
 // lscpu's "Model name": the first "model name" line of /proc/cpuinfo
 // ("unknown" where there is none). Google Benchmark's context has no CPU model.
@@ -227,7 +252,21 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--bench", ro->bench, "the benchmark program")->check(CLI::ExistingFile)
       ->capture_default_str();
   run_cmd->add_option("--mpiexec", ro->mpiexec, "MPICH's mpiexec")->capture_default_str();
-  run_cmd->callback([ro, &action] { action = [ro] { return run(*ro); }; });
+  run_cmd->add_option("--like", ro->like,
+                      "a run file (the baseline) whose rank counts, passes, min time and filter "
+                      "this run takes, where not given here")
+      ->check(CLI::ExistingFile);
+  run_cmd->callback([ro, run_cmd, &action] {
+    Given given;
+    given.ranks = run_cmd->count("--ranks") > 0 || run_cmd->count("--oversubscribed") > 0;
+    given.repetitions = run_cmd->count("--repetitions") > 0;
+    given.min_time = run_cmd->count("--min-time") > 0;
+    given.filter = run_cmd->count("--filter") > 0;
+    action = [ro, given] {
+      if (!ro->like.empty()) take_settings(ro->like, given, *ro);
+      return run(*ro);
+    };
+  });
 
   auto go = std::make_shared<GateOptions>();
   auto gate_files = std::make_shared<std::vector<std::string>>();
