@@ -20,6 +20,7 @@
 #include <string>
 
 #include "partita/mpi/partition.hpp"
+#include "partita/shape.hpp"
 #include "partita/mpi/poll.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/all_gather.hpp"
@@ -195,6 +196,55 @@ TEST(WaitingPolicy, LayersCallTheFormThePolicySays) {
       EXPECT_TRUE(at::equal(y.narrow(0, 8 * r, 8), at::arange(8, at::kDouble) + 1000.0 * r));
     EXPECT_EQ(c["MPI_Allgather"], blocking ? 2 : 0) << "the headers', then the data's";
     EXPECT_EQ(c["MPI_Iallgather"], blocking ? 0 : 2) << "the headers', then the data's";
+  }
+}
+
+// A rank that is the root of one team and a member of another makes two
+// team operations per call; its peers make one. Whatever the form, every
+// team must finish (a first version ran the two-team rank's operations
+// posted and its peers' blocking, which MPI does not match: this hung).
+// Broadcast from P_x = [2] on ranks {0, 1} to P_y = [2] on {1, 2}: rank 1
+// roots the team {1, 2} and receives in {0, 1}; SumReduce the mirror; and
+// from 4 ranks the layout P_x = [2, 1] on {0, 1} to P_y = [2, 2] on
+// {0, 1, 2, 3}. Forward and adjoint, checked against the sums by hand.
+TEST(WaitingPolicy, RanksInTwoTeamsFinishEveryTeam) {
+  const int n = mpi::world_size(), me = mpi::world_rank();
+  if (n < 3) GTEST_SKIP() << "needs 3 ranks, running at " << n;
+  const auto world = mpi::Partition::world();
+  const auto line = [&](const Ranks& ranks, const Shape& shape) {
+    return world.create_partition_inclusive(ranks).create_cartesian_topology_partition(shape);
+  };
+  const auto px = line({0, 1}, {2}), py = line({1, 2}, {2});
+  const bool in_x = me <= 1, in_y = me == 1 || me == 2;
+  // Rank r of P_x holds r + 1 everywhere; P_y's worker j receives P_x's worker j.
+  nn::Broadcast bcast(px, py);
+  const at::Tensor x = (in_x ? at::full({5}, me + 1.0, at::kDouble) : at::zeros({0}, at::kDouble))
+                           .requires_grad_(true);
+  const at::Tensor y = bcast(x);
+  if (in_y) {
+    EXPECT_TRUE(at::equal(y, at::full({5}, static_cast<double>(me), at::kDouble)))
+        << "rank " << me << " received " << y;
+  }
+  // The adjoint: each P_x worker gets its P_y partner's cotangent (3 * partner rank).
+  y.backward(in_y ? at::full(y.sizes(), 3.0 * me, at::kDouble) : at::zeros(y.sizes(), at::kDouble));
+  if (in_x) {
+    EXPECT_TRUE(at::equal(x.grad(), at::full({5}, 3.0 * (me + 1), at::kDouble)))
+        << "rank " << me << "'s gradient " << x.grad();
+  }
+  // The mirror: P_y's worker j sums into P_x's worker j.
+  nn::SumReduce reduce(py, px);
+  const at::Tensor z = reduce(in_y ? at::full({4}, me * 10.0, at::kDouble) : at::zeros({0}, at::kDouble));
+  if (in_x) {
+    EXPECT_TRUE(at::equal(z, at::full({4}, (me + 1) * 10.0, at::kDouble))) << "rank " << me << ": " << z;
+  }
+  if (n < 4) return;
+  // Two teams of two, rank 1 rooting {1, 3} and receiving in {0, 2}.
+  const auto px2 = line({0, 1}, {2, 1}), py2 = line({0, 1, 2, 3}, {2, 2});
+  nn::Broadcast wide(px2, py2);
+  const at::Tensor w = wide(me <= 1 ? at::full({3}, 7.0 + me, at::kDouble) : at::zeros({0}, at::kDouble));
+  if (me <= 3) {
+    const double expected = 7.0 + me / 2;  // P_y worker (i, j) receives P_x worker i
+    EXPECT_TRUE(at::equal(w, at::full({3}, expected, at::kDouble))) << "rank " << me << ": " << w;
   }
 }
 

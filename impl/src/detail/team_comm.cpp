@@ -183,27 +183,42 @@ at::Tensor contiguous_copy(const at::Tensor& x) {
 }
 
 namespace {
-// The team operations of bcast_teams / reduce_teams: `op(nullptr)` runs
+// The team operations of bcast_teams / reduce_teams, one per team this
+// rank is in (root of one, member of another, or both): `op(nullptr)` runs
 // one's blocking form, `op(&request)` posts its non-blocking one. Those
-// with `has_...` false are skipped; `meanwhile()` runs while two are in
-// flight, or after the one. One alone runs under the waiting policy (mpi::call); two are
-// both posted before either is waited for: a rank that is the root of one
-// team and a member of another could otherwise block in them in the
-// opposite order to a peer.
+// with `has_...` false are skipped; `meanwhile()` runs while they are in
+// flight (posted) or after them (blocking).
+//
+// Every rank of a team must use the same form (MPI matches no blocking
+// collective with a non-blocking one), and a rank in two teams must not
+// block in one while a peer blocks in the other first. So where
+// blocking_waits() holds, every rank runs its blocking operations in the
+// order of their teams' roots' world ranks (`first_root`, `second_root`):
+// one order over all teams, in which the team of the lowest root can
+// always finish, then the next, and so on, whatever roles each rank has.
+// Otherwise both are posted, then waited for together.
+// The world rank of a team's root (its rank 0), -1 where this rank is
+// not in the team.
+int team_root(const Partition& team) { return team.active() ? team.workers().at(0) : -1; }
+
 template <typename First, typename Second, typename Meanwhile>
-void both_or_one(bool has_first, First&& first, bool has_second, Second&& second,
-                 Meanwhile&& meanwhile, const std::string& what) {
-  if (has_first && has_second) {
-    MPI_Request reqs[2];
-    first(&reqs[0]);
-    second(&reqs[1]);
+void both_or_one(bool has_first, int first_root, First&& first, bool has_second, int second_root,
+                 Second&& second, Meanwhile&& meanwhile, const std::string& what) {
+  if (blocking_waits()) {
+    const WatchedCall watched(what.c_str());
+    const bool second_first = has_first && has_second && second_root < first_root;
+    if (second_first) second(nullptr);
+    if (has_first) first(nullptr);
+    if (has_second && !second_first) second(nullptr);
     meanwhile();
-    wait_all(2, reqs, what.c_str());
     return;
   }
-  if (has_first) call(what.c_str(), [&] { first(nullptr); }, [&](MPI_Request* req) { first(req); });
-  if (has_second) call(what.c_str(), [&] { second(nullptr); }, [&](MPI_Request* req) { second(req); });
+  MPI_Request reqs[2];
+  int n = 0;
+  if (has_first) first(&reqs[n++]);
+  if (has_second) second(&reqs[n++]);
   meanwhile();
+  wait_all(n, reqs, what.c_str());
 }
 }  // namespace
 
@@ -243,7 +258,8 @@ at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
     if (!req) return PARTITA_MPI_CHECK(MPI_Bcast(out.data_ptr(), member_count, type, 0, member_team.comm()));
     PARTITA_MPI_CHECK(MPI_Ibcast(out.data_ptr(), member_count, type, 0, member_team.comm(), req));
   };
-  both_or_one(root_count > 0, as_root, member_count > 0, as_member, copy_for_self, what);
+  both_or_one(root_count > 0, team_root(root_team), as_root, member_count > 0,
+              team_root(member_team), as_member, copy_for_self, what);
   return out;
 }
 
@@ -276,7 +292,8 @@ at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team
     PARTITA_MPI_CHECK(MPI_Ireduce(in, out.data_ptr(), root_count, mpi_datatype(t), mpi_sum(t), 0,
                                   root_team.comm(), req));
   };
-  both_or_one(member_count > 0, as_member, root_count > 0, as_root, [] {}, what);
+  both_or_one(member_count > 0, team_root(member_team), as_member, root_count > 0,
+              team_root(root_team), as_root, [] {}, what);
   return out;
 }
 

@@ -29,6 +29,7 @@ double g_timeout = 0;  // seconds; 0 = no watchdog
 double g_deadline = 0;  // seconds; 0 = no deadline
 long g_deadline_misses = 0;
 const std::function<void()>* g_interrupt = nullptr;  // ScopedWaitInterrupt
+int g_interrupt_scopes = 0;  // alive, including ScopedWaitInterrupt(nullptr)
 // Blocking calls (blocking_waits()): agreed by every rank at start-up, so
 // that no collective is blocking on one rank and non-blocking on another
 // (MPI does not match the two forms).
@@ -90,17 +91,22 @@ struct Watchdog {
       }
       const double waited = std::chrono::duration<double>(clock::now() - since).count();
       if (waited <= g_timeout) continue;
-      const char* name = what.load(std::memory_order_acquire);
+      // The name is copied, then the call checked to be still the same:
+      // the string it points to lives as long as the call.
+      char name[256] = "a blocking MPI call";
+      if (const char* n = what.load(std::memory_order_acquire)) std::snprintf(name, sizeof name, "%s", n);
       if (call.load(std::memory_order_acquire) != seen) continue;  // it just ended
       // No MPI call from this thread (MPI_THREAD_SERIALIZED, and the
       // watched thread is inside MPI): the process ends by a signal, which
       // MPICH's launcher answers by ending the job.
-      print_watchdog(name ? name : "a blocking MPI call", waited);
+      print_watchdog(name, waited);
       std::abort();
     }
   }
   void start() {
-    if (!thread.joinable()) thread = std::thread([this] { run(); });
+    if (thread.joinable()) return;
+    stop = false;  // (after a finish(): another Environment in this process)
+    thread = std::thread([this] { run(); });
   }
   ~Watchdog() { finish(); }  // (a process that never destroyed its Environment)
   void finish() {
@@ -162,7 +168,7 @@ int world_size() { return g_size; }
 WaitPolicy wait_policy() { return g_policy; }
 void set_wait_policy(WaitPolicy policy) { g_policy = policy; }
 bool blocking_waits() {
-  return g_blocking && g_policy == WaitPolicy::Spin && g_deadline == 0 && g_interrupt == nullptr;
+  return g_blocking && g_policy == WaitPolicy::Spin && g_deadline == 0 && g_interrupt_scopes == 0;
 }
 
 WatchedCall::WatchedCall(const char* what) : on_(g_timeout > 0) {
@@ -259,8 +265,12 @@ void poll(int n, MPI_Request* requests, const char* what) {
 
 ScopedWaitInterrupt::ScopedWaitInterrupt(const std::function<void()>* check) : previous_(g_interrupt) {
   g_interrupt = check;
+  ++g_interrupt_scopes;
 }
-ScopedWaitInterrupt::~ScopedWaitInterrupt() { g_interrupt = previous_; }
+ScopedWaitInterrupt::~ScopedWaitInterrupt() {
+  g_interrupt = previous_;
+  --g_interrupt_scopes;
+}
 
 void wait_until(const std::function<bool()>& ready, const char* what) {
   poll_until(ready, what, false);

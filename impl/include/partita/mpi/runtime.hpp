@@ -5,9 +5,12 @@
 // Why a waiting policy: MPICH's blocking waits spin. With more ranks than
 // cores (every test run on a 2-core machine) a spinning rank steals the core
 // the rank it waits for needs, and a one-float allreduce goes from 1 us to
-// 60 ms at 12 ranks. partita therefore starts every operation non-blocking
-// and finishes it with MPI_Test in a loop that yields the core between tests
-// when ranks outnumber cores (DESIGN.md has the measured figures).
+// 60 ms at 12 ranks. partita therefore starts operations non-blocking and
+// finishes them with MPI_Test in a loop that yields the core between tests
+// when ranks outnumber cores (DESIGN.md has the measured figures), or when
+// a deadline or a wait interrupt needs its own loop; under the spin policy
+// otherwise it runs the blocking forms, which MPICH runs faster
+// (blocking_waits(), call(); docs/mpi-runtime.md, "Blocking calls").
 #pragma once
 
 #include <mpi.h>
@@ -69,8 +72,9 @@ void wait_all(std::vector<MPI_Request>& requests, const char* what);
 void wait_all(int count, MPI_Request* requests, const char* what);
 
 // Whether an MPI blocking call waits as partita's own loop would: under the
-// spin policy with no deadline and no ScopedWaitInterrupt alive (the
-// watchdog, when set, watches blocking calls from a thread of its own).
+// spin policy with no deadline and no ScopedWaitInterrupt alive, not even
+// one of nullptr (the watchdog, when set, watches blocking calls from a
+// thread of its own).
 // Then wait()/wait_all() finish requests with MPI_Wait/MPI_Waitall, and
 // call() runs an operation's blocking form.
 bool blocking_waits();
@@ -95,10 +99,13 @@ class WatchedCall {
 // One MPI operation under the waiting policy: its blocking form
 // (`blocking()`, under the watchdog) where blocking_waits(), else its
 // non-blocking form (`post(&request)`) finished by wait(). Both must be
-// the same operation on the same buffers: the choice is the process's
-// (a rank's policy and settings), so ranks may differ in it. Why: MPICH
-// runs its blocking collectives faster than the non-blocking ones, and by
-// how much depends on the host (docs/mpi-runtime.md, "Blocking calls").
+// the same operation on the same buffers. For a collective, every rank of
+// the communicator must make the same choice (MPI matches no blocking
+// collective with a non-blocking one): blocking_waits() is agreed at
+// start-up, and what turns it off later (a deadline, the yield policy, a
+// ScopedWaitInterrupt) must be set on every rank alike. Why: MPICH runs
+// its blocking collectives faster than the non-blocking ones, and by how
+// much depends on the host (docs/mpi-runtime.md, "Blocking calls").
 template <typename Blocking, typename Post>
 void call(const char* what, Blocking&& blocking, Post&& post) {
   if (blocking_waits()) {
