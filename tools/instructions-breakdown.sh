@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where a forward's instructions go (issue 34 item 1): reads the callgrind
 # files that `PARTITA_CALLGRIND_KEEP=DIR tools/instructions.sh ...` kept and
-# prints, per process, the inclusive instructions per call of every function
+# prints the counted rank's inclusive instructions per call of every function
 # under the benchmark's loop that takes at least MIN_PERCENT (default 4) of
 # the side's total: partita's own functions, LibTorch's (at::, c10::),
 # MPICH's entry points (PMPI_) and the C allocator. Inclusive costs nest (a
@@ -13,10 +13,10 @@ set -euo pipefail
 dir=$1 bench=${2//\//_} side=${3:-ours} min=${4:-4}
 command -v callgrind_annotate >/dev/null || { echo "instructions-breakdown.sh: callgrind_annotate is not installed (apt-get install valgrind)"; exit 2; }
 [ -f "$dir/$bench.$side.calls" ] || { echo "instructions-breakdown.sh: no $dir/$bench.$side.calls (run instructions.sh with PARTITA_CALLGRIND_KEEP=$dir)"; exit 2; }
-# The calls file holds the calls counted over all processes; each process
-# counted the same number (the loop runs in lockstep).
+# One process ran under valgrind (the counted rank); the calls file holds
+# its count of calls.
 files=("$dir/$bench.$side".[0-9]*)
-calls=$(( $(cat "$dir/$bench.$side.calls") / ${#files[@]} ))
+calls=$(cat "$dir/$bench.$side.calls")
 for f in "${files[@]}"; do
   echo "== ${f##*/}: $calls calls"
   callgrind_annotate --inclusive=yes --threshold=100 --auto=no "$f" 2>/dev/null |

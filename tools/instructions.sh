@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per call of partita's forward and of its raw-MPI twin
 # (issue 34 item 1), counted by callgrind inside bench_primitives' paired
-# loop (bench/paired.hpp, CountedScope): one valgrind run per side, every
-# rank under valgrind, collection on only inside that side's calls.
+# loop (bench/paired.hpp, CountedScope): one valgrind run per side,
+# collection on only inside that side's calls.
 #   tools/instructions.sh BUILD_DIR RANKS BENCHMARK...    e.g.
 #   tools/instructions.sh build 1 all_sum_reduce_fwd/4096 broadcast_fwd/4096
 # Prints one line per benchmark: ours and raw instructions per call, and
@@ -41,7 +41,11 @@ if ! grep -qw rdtscp /proc/cpuinfo && ldd "$build/bench/bench_primitives" | grep
   preload=(env "LD_PRELOAD=$dir/libhwy_timer.so")
 fi
 counted=${PARTITA_COUNTED_RANK:-0}
-[ "$counted" -ge 0 ] && [ "$counted" -lt "$ranks" ] || { echo "instructions.sh: PARTITA_COUNTED_RANK=$counted is not a rank of $ranks"; exit 2; }
+[[ $ranks =~ ^[1-9][0-9]*$ ]] || { echo "instructions.sh: RANKS must be a positive number, got '$ranks'" >&2; exit 2; }
+[[ $counted =~ ^[0-9]+$ ]] && (( counted < ranks )) ||
+  { echo "instructions.sh: PARTITA_COUNTED_RANK=$counted is not a rank of $ranks" >&2; exit 2; }
+(( ranks <= $(nproc) )) ||
+  echo "instructions.sh: $ranks ranks on $(nproc) cores: the native peers take the counted rank's core and it waits (counts include polling)" >&2
 for bench in "$@"; do
   declare -A per_call=()
   program=("$build/bench/bench_primitives" --benchmark_filter="^${bench}/" --benchmark_min_time=0.5)
@@ -58,14 +62,17 @@ for bench in "$@"; do
     done
     PARTITA_BENCH_COUNT=$side OMP_NUM_THREADS=1 timeout 1200 "${preload[@]}" mpiexec.mpich "${job[@]}" \
       > "$dir/$side.log" 2>&1 || { cat "$dir/$side.log"; exit 1; }
-    # Every rank prints its count of calls (equal: the loop runs in
-    # lockstep); the counted rank's instructions are over its own calls.
-    calls=$(grep -h "^counted calls:" "$dir/$side.log" | awk 'NR == 1 {print $3}')
-    ir=$(grep -h "Collected :" "$dir/$side.log" | awk '{s += $NF} END {print s}')
+    # Every rank prints "counted calls: N (pid P)"; valgrind's process
+    # prints "==P== Collected : I". The counted rank's instructions over its
+    # own calls.
+    pid=$(grep -h "Collected :" "$dir/$side.log" | sed -n 's/^==\([0-9]*\)==.*/\1/p' | head -1)
+    ir=$(grep -h "Collected :" "$dir/$side.log" | awk '{print $NF}' | head -1)
+    calls=$(grep -h "^counted calls:.*(pid ${pid:-none})" "$dir/$side.log" | awk '{print $3}')
     [ "${calls:-0}" -gt 0 ] || { echo "instructions.sh: no calls counted for $bench ($side)"; exit 1; }
     per_call[$side]=$(awk -v i="$ir" -v c="$calls" 'BEGIN {printf "%.0f", i / c}')
     if [ -n "${PARTITA_CALLGRIND_KEEP:-}" ]; then
       mkdir -p "$PARTITA_CALLGRIND_KEEP"
+      rm -f "$PARTITA_CALLGRIND_KEEP/${bench//\//_}.$side".*  # one run's files per benchmark and side
       for f in "$dir/$side".[0-9]*; do mv "$f" "$PARTITA_CALLGRIND_KEEP/${bench//\//_}.${f##*/}"; done
       echo "$calls" > "$PARTITA_CALLGRIND_KEEP/${bench//\//_}.$side.calls"
     fi
