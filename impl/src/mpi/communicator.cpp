@@ -23,7 +23,7 @@ namespace partita::mpi {
 using detail::CommState;
 
 namespace {
-std::shared_ptr<CommState> make_state(MPI_Comm comm) {
+std::shared_ptr<CommState> make_comm_state(MPI_Comm comm) {
   auto s = std::make_shared<CommState>();
   s->comm = comm;
   MPI_Comm_rank(comm, &s->rank);
@@ -41,14 +41,14 @@ std::shared_ptr<CommState> make_state(MPI_Comm comm) {
 
 Communicator Communicator::world() {
   Communicator c;
-  c.s_ = make_state(world_comm());
+  c.s_ = make_comm_state(world_comm());
   return c;
 }
 
 Communicator Communicator::from(const Partition& P) {
   Communicator c;
   if (P.active()) {
-    c.s_ = make_state(P.comm());
+    c.s_ = make_comm_state(P.comm());
     c.s_->keep = P;
   }
   return c;
@@ -56,7 +56,7 @@ Communicator Communicator::from(const Partition& P) {
 
 Communicator Communicator::wrap(MPI_Comm comm) {
   Communicator c;
-  if (comm != MPI_COMM_NULL) c.s_ = make_state(comm);
+  if (comm != MPI_COMM_NULL) c.s_ = make_comm_state(comm);
   return c;
 }
 
@@ -73,7 +73,7 @@ Communicator Communicator::dup() const {
   mpi::wait(req, "Communicator::dup");
   MPI_Comm_set_errhandler(*owned, MPI_ERRORS_RETURN);
   Communicator c;
-  c.s_ = make_state(*owned);
+  c.s_ = make_comm_state(*owned);
   c.s_->owned = owned;
   return c;
 }

@@ -59,6 +59,10 @@ void print_watchdog(const char* what, double waited) {
 
 [[noreturn]] void watchdog_fired(const char* what, double waited) {
   print_watchdog(what, waited);
+  // MPICH's launcher can end the job on MPI_Abort before it has forwarded
+  // the line just written (death_stuck_polling lost it in 3 of 30 runs):
+  // give it a moment to.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   MPI_Abort(MPI_COMM_WORLD, 3);
   std::abort();
 }

@@ -56,7 +56,7 @@ void free_comms(State& s) {
   s.initialized = false;
 }
 
-std::string where() { return "on world rank " + std::to_string(state().rank); }
+std::string on_this_rank() { return "on world rank " + std::to_string(state().rank); }
 
 // smp's communicators are freed when MPI finalizes (issue 35 item 1: until
 // then the last init's three were still allocated at exit, and
@@ -245,7 +245,7 @@ void barrier(CommGroup group) {
   const MPI_Comm comm = communicator(group);
   MPI_Request req;
   PARTITA_MPI_CHECK(MPI_Ibarrier(comm, &req));
-  const std::string what = std::string("smp::barrier(") + name(group) + ") " + where();
+  const std::string what = std::string("smp::barrier(") + name(group) + ") " + on_this_rank();
   mpi::wait(req, what.c_str());
 }
 void mp_barrier() { barrier(CommGroup::MP_GROUP); }
@@ -261,7 +261,7 @@ void broadcast_frame(const Frame& frame, CommGroup group) {
   for (int r : s.layout->members(s.rank, group))
     if (r != s.rank) dests.push_back(r);
   issend_all(frame, dests,
-             std::string("smp::broadcast(") + name(group) + ") " + where() + ", waiting for the recv_from of world ranks " +
+             std::string("smp::broadcast(") + name(group) + ") " + on_this_rank() + ", waiting for the recv_from of world ranks " +
                  [&] {
                    std::string l;
                    for (int d : dests) l += (l.empty() ? "" : ",") + std::to_string(d);
@@ -272,7 +272,7 @@ void broadcast_frame(const Frame& frame, CommGroup group) {
 void send_frame(const Frame& frame, int dest_rank, RankType rank_type) {
   const State& s = ready("send");
   const int dest = s.layout->world_rank(s.rank, dest_rank, rank_type);
-  const std::string call = "smp::send(dest " + std::to_string(dest_rank) + ", " + name(rank_type) + ") " + where();
+  const std::string call = "smp::send(dest " + std::to_string(dest_rank) + ", " + name(rank_type) + ") " + on_this_rank();
   if (dest == s.rank)
     throw UsageError(call + ": the destination is this rank itself (a synchronous send to oneself never returns)");
   issend_all(frame, {dest}, call + ", waiting for the recv_from of world rank " + std::to_string(dest));
@@ -281,7 +281,7 @@ void send_frame(const Frame& frame, int dest_rank, RankType rank_type) {
 Frame recv_frame(int src_rank, RankType rank_type, std::string* context) {
   const State& s = ready("recv_from");
   const int src = s.layout->world_rank(s.rank, src_rank, rank_type);
-  const std::string call = "smp::recv_from(src " + std::to_string(src_rank) + ", " + name(rank_type) + ") " + where();
+  const std::string call = "smp::recv_from(src " + std::to_string(src_rank) + ", " + name(rank_type) + ") " + on_this_rank();
   if (context) *context = call + " from world rank " + std::to_string(src);
   if (src == s.rank)
     throw UsageError(call + ": the source is this rank itself (nothing can be sent to oneself)");
@@ -307,7 +307,7 @@ Frame recv_frame(int src_rank, RankType rank_type, std::string* context) {
 std::vector<Frame> allgather_frames(const Frame& frame, CommGroup group, std::string* context) {
   const State& s = ready("allgather");
   const MPI_Comm comm = communicator(group);
-  const std::string call = std::string("smp::allgather(") + name(group) + ") " + where();
+  const std::string call = std::string("smp::allgather(") + name(group) + ") " + on_this_rank();
   if (context) *context = call;
   int n = 0;
   MPI_Comm_size(comm, &n);
