@@ -75,12 +75,15 @@ at::Tensor GatherLayer::forward(const at::Tensor& x) const {
   at::Tensor y;
   {
     at::NoGradGuard no_grad;
-    y = gather ? allgather_dim(team, x, dim, lengths, name)
-               : reduce_scatter_dim(team, x, dim, lengths, name);
+    y = gather ? allgather_dim(team, x, dim, lengths, name, &out_slot)
+               : reduce_scatter_dim(team, x, dim, lengths, name, &out_slot);
   }
   // (with_adjoint returns y as it is when no node is attached: the
   // adjoint's closure is only built when one is.)
-  if (!c->attach) return y;
+  if (!c->attach) {
+    out_slot.keep(y);
+    return y;
+  }
   auto adjoint = [t = team, d = dim, g = gather, c, what = adjoint_name](const at::Tensor& gy) {
     return g ? reduce_scatter_dim(t, gy, d, c->lengths, what)
              : allgather_dim(t, gy, d, c->lengths, what);

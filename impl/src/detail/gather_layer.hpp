@@ -26,6 +26,9 @@ struct GatherLayer {
   int axis = 0;
   int64_t dim = 0;
   std::vector<Ranks> groups;  // every team, world ranks in order along `axis`
+  // The last output returned without an autograd node, for the next call
+  // (detail/team_comm.hpp, docs/output-reuse.md).
+  mpi::detail::OutputSlot out_slot;
 
   // Checked mode: a gather sends its piece to every member and receives
   // theirs; a reduce-scatter sends each member its piece of the split.

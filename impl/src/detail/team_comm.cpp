@@ -1,6 +1,7 @@
 #include "detail/team_comm.hpp"
 
 #include <ATen/EmptyTensor.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -11,6 +12,7 @@
 #include <stdexcept>
 #include <cstring>
 
+#include "partita/mpi/buffer_cache.hpp"
 #include "partita/mpi/runtime.hpp"
 
 namespace partita::mpi::detail {
@@ -169,13 +171,57 @@ at::Tensor fresh(at::IntArrayRef sizes, const at::TensorOptions& options) {
     return at::detail::empty_cpu(sizes, options);
   return at::empty(sizes, options);
 }
+// The same, or the output `reuse` keeps.
+at::Tensor fresh(at::IntArrayRef sizes, const at::TensorOptions& options, const OutputSlot* reuse) {
+  return reuse ? reuse->take(sizes, options) : fresh(sizes, options);
+}
+
+// Nothing but `t` reaches its TensorImpl or its storage: no other Tensor,
+// view or Storage handle, and no weak reference to either.
+bool only_reference(const at::Tensor& t) {
+  if (t.use_count() != 1 || t.weak_use_count() != 1) return false;
+  const c10::Storage& s = t.storage();
+  if (s.use_count() != 1) return false;
+  // (A weak count is the weak references plus one while strong ones exist;
+  // this look adds one.)
+  return s.getWeakStorageImpl().weak_use_count() == 2;
+}
 
 }  // namespace
 
-at::Tensor contiguous_copy(const at::Tensor& x) {
+at::Tensor OutputSlot::take(at::IntArrayRef sizes, const at::TensorOptions& options) const {
+  at::Tensor t;
+  c10::DispatchKeySet keys;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    t = std::move(spare_);
+    keys = keys_;
+  }
+  if (t.defined() && options.device().is_cpu() && options.layout() == at::kStrided &&
+      !options.requires_grad() && !options.pinned_memory() &&
+      t.scalar_type() == options.dtype().toScalarType() && t.key_set() == keys &&
+      t.is_inference() == c10::InferenceMode::is_enabled() &&
+      t.unsafeGetTensorImpl()->autograd_meta() == nullptr && !t.has_names() &&
+      t.sizes().equals(sizes) && t.is_contiguous() && t.storage_offset() == 0 &&
+      t.storage().nbytes() >= t.nbytes() && only_reference(t))
+    return t;
+  return fresh(sizes, options);  // (t, if any, is released here)
+}
+
+void OutputSlot::keep(const at::Tensor& y) const {
+  if (!y.defined() || y.nbytes() == 0 || y.nbytes() > output_reuse_limit() ||
+      !y.device().is_cpu() || y.layout() != at::kStrided ||
+      y.unsafeGetTensorImpl()->autograd_meta() != nullptr)
+    return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  spare_ = y;
+  keys_ = y.key_set();
+}
+
+at::Tensor contiguous_copy(const at::Tensor& x, const OutputSlot* reuse) {
   if (x.is_contiguous() && x.device().is_cpu() && x.layout() == at::kStrided && !x.is_conj() &&
       !x.is_neg()) {
-    at::Tensor out = fresh(x.sizes(), x.options().requires_grad(false));
+    at::Tensor out = fresh(x.sizes(), x.options().requires_grad(false), reuse);
     if (x.numel() > 0) std::memcpy(out.data_ptr(), x.data_ptr(), x.nbytes());
     return out;
   }
@@ -230,14 +276,15 @@ void both_or_one(bool has_first, int first_root, First&& first, bool has_second,
 // check_volumes_fit; this keeps the function safe on its own.)
 at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
                        const at::Tensor& src, const Shape& out_shape,
-                       const at::TensorOptions& out_options, const std::string& what) {
+                       const at::TensorOptions& out_options, const std::string& what,
+                       const OutputSlot* reuse) {
   const bool self = member_team.active() && root_team.active() &&
                     member_team.comm() == root_team.comm();
   const int root_count = root_team.active() ? mpi_count(src.numel(), what) : 0;
   const int member_count = member_team.active() && !self ? mpi_count(volume(out_shape), what) : 0;
   at::Tensor send, out;
   if (root_team.active()) send = src.contiguous();
-  if (member_team.active() && !self) out = fresh(out_shape, out_options);
+  if (member_team.active() && !self) out = fresh(out_shape, out_options, reuse);
   // The root is its own receiver: its output is a copy, not its input.
   // One memcpy of the contiguous input when the output has its shape and
   // dtype (always, for the layers), else a clone.
@@ -245,7 +292,7 @@ at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
     if (!self) return;
     out = send.scalar_type() == out_options.dtype().toScalarType() &&
                   send.sizes().equals(out_shape)
-              ? contiguous_copy(send)
+              ? contiguous_copy(send, reuse)
               : src.clone();
   };
   const auto as_root = [&](MPI_Request* req) {
@@ -265,7 +312,8 @@ at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
 
 at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team,
                         const at::Tensor& contrib, const Shape& out_shape,
-                        const at::TensorOptions& out_options, const std::string& what) {
+                        const at::TensorOptions& out_options, const std::string& what,
+                        const OutputSlot* reuse) {
   const bool self = member_team.active() && root_team.active() &&
                     member_team.comm() == root_team.comm();
   const int member_count = member_team.active() && !self ? mpi_count(contrib.numel(), what) : 0;
@@ -274,7 +322,7 @@ at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team
   if (member_team.active()) send = contrib.contiguous();
   // A root that contributes to its own team sends from its input into a
   // fresh output; one that does not reduces in place into zeros.
-  if (root_team.active()) out = self ? fresh(out_shape, out_options) : at::zeros(out_shape, out_options);
+  if (root_team.active()) out = self ? fresh(out_shape, out_options, reuse) : at::zeros(out_shape, out_options);
   const auto as_member = [&](MPI_Request* req) {
     const at::ScalarType t = send.scalar_type();
     if (!req)
@@ -435,12 +483,14 @@ at::Tensor send_blocks(const at::Tensor& c, int64_t dim, const std::vector<int64
 // [outer, lens[i], inner] along `dim` (outer and inner of out_sizes): flat
 // itself when outer is 1 (a view of it unless it already has out_sizes,
 // see blocks_buffer), else one copy.
-// With `into` (the caller's output, of out_sizes), the copy goes there.
+// With `into` (the caller's output, of out_sizes), the copy goes there;
+// else into a tensor from `reuse` or a fresh one.
 at::Tensor from_blocks(const at::Tensor& flat, int64_t dim, const std::vector<int64_t>& lens,
-                       at::IntArrayRef out_sizes, const at::Tensor* into = nullptr) {
+                       at::IntArrayRef out_sizes, const at::Tensor* into = nullptr,
+                       const OutputSlot* reuse = nullptr) {
   const int64_t outer = outer_volume(out_sizes, dim), inner = inner_volume(out_sizes, dim);
   if (outer == 1) return flat.sizes() == out_sizes ? flat : flat.view(out_sizes);
-  at::Tensor out = into ? *into : fresh(out_sizes, flat.options());
+  at::Tensor out = into ? *into : fresh(out_sizes, flat.options(), reuse);
   const at::Tensor v = out.view({outer, out_sizes[dim], inner});
   int64_t at = 0, row = 0;
   for (int64_t len : lens) {
@@ -455,10 +505,10 @@ at::Tensor from_blocks(const at::Tensor& flat, int64_t dim, const std::vector<in
 // The buffer that receives `n` elements of blocks for from_blocks: when
 // outer is 1 the blocks arrive in place, so it is allocated with out_sizes
 // (n is then its volume) and from_blocks returns it as it is, not a view
-// through the dispatcher; else n flat elements.
+// through the dispatcher, so it may come from `reuse`; else n flat elements.
 at::Tensor blocks_buffer(at::IntArrayRef out_sizes, int64_t dim, int64_t n,
-                         const at::TensorOptions& options) {
-  if (outer_volume(out_sizes, dim) == 1) return fresh(out_sizes, options);
+                         const at::TensorOptions& options, const OutputSlot* reuse = nullptr) {
+  if (outer_volume(out_sizes, dim) == 1) return fresh(out_sizes, options, reuse);
   return fresh({n}, options);
 }
 
@@ -480,12 +530,13 @@ int64_t total(const std::vector<int64_t>& v) {
 
 }  // namespace
 
-at::Tensor allreduce(const Group& g, const at::Tensor& x, MPI_Op op, const std::string& what) {
-  if (g.size == 1 || x.numel() == 0) return contiguous_copy(x);
+at::Tensor allreduce(const Group& g, const at::Tensor& x, MPI_Op op, const std::string& what,
+                     const OutputSlot* reuse) {
+  if (g.size == 1 || x.numel() == 0) return contiguous_copy(x, reuse);
   const int count = mpi_count(x.numel(), what);
   // MPI reads the input and writes a fresh output: no copy of our own.
   const at::Tensor in = x.contiguous();
-  at::Tensor out = fresh(in.sizes(), in.options());
+  at::Tensor out = fresh(in.sizes(), in.options(), reuse);
   const MPI_Datatype type = mpi_datatype(in.scalar_type());
   call(
       what.c_str(),
@@ -566,23 +617,25 @@ at::Tensor gather_dim(const Group& g, const at::Tensor& x, int64_t dim,
 }
 
 at::Tensor allgather_dim(const Group& g, const at::Tensor& x, int64_t dim,
-                         const std::vector<int64_t>& lengths, const std::string& what) {
-  if (g.size == 1) return contiguous_copy(x);
+                         const std::vector<int64_t>& lengths, const std::string& what,
+                         const OutputSlot* reuse) {
+  if (g.size == 1) return contiguous_copy(x, reuse);
   std::vector<int> counts, displs;
   const int64_t n = block_counts(lengths, row_volume(x.sizes(), dim), what, counts, displs);
   const at::Tensor c = x.contiguous();
   at::DimVector out_sizes(c.sizes().begin(), c.sizes().end());
   out_sizes[dim] = total(lengths);
-  at::Tensor staged = blocks_buffer(out_sizes, dim, n, c.options());
+  at::Tensor staged = blocks_buffer(out_sizes, dim, n, c.options(), reuse);
   if (n > 0)
     allgather_blocks(c.data_ptr(), counts.at(g.rank), mpi_datatype(c.scalar_type()),
                      staged.data_ptr(), counts, displs, g.comm, what.c_str());
-  return from_blocks(staged, dim, lengths, out_sizes);
+  return from_blocks(staged, dim, lengths, out_sizes, nullptr, reuse);
 }
 
 at::Tensor reduce_scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
-                              const std::vector<int64_t>& lengths, const std::string& what) {
-  if (g.size == 1) return contiguous_copy(x);
+                              const std::vector<int64_t>& lengths, const std::string& what,
+                              const OutputSlot* reuse) {
+  if (g.size == 1) return contiguous_copy(x, reuse);
   std::vector<int> counts, displs;
   // (send_blocks hands MPI these counts, and displacements of no more.)
   block_counts(lengths, row_volume(x.sizes(), dim), what, counts, displs);
@@ -590,7 +643,7 @@ at::Tensor reduce_scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
   at::DimVector out_sizes(c.sizes().begin(), c.sizes().end());
   out_sizes[dim] = lengths.at(g.rank);
   const at::Tensor staged = send_blocks(c, dim, starts_of(lengths), lengths, counts, displs);
-  at::Tensor out = fresh(out_sizes, c.options());
+  at::Tensor out = fresh(out_sizes, c.options(), reuse);
   if (c.numel() > 0) {
     const MPI_Datatype type = mpi_datatype(c.scalar_type());
     const MPI_Op op = mpi_sum(c.scalar_type());

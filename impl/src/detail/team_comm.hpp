@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -63,19 +64,48 @@ void alltoall_blocks(bool uniform, const void* send, const std::vector<int>& sco
 MPI_Op mpi_sum(at::ScalarType t);
 int mpi_count(int64_t numel, const std::string& what);
 
+// A layer's last output, handed out again by its next call when nothing
+// but this slot can reach it (issue 34 item 1; docs/output-reuse.md). At
+// 4 KiB, allocating a fresh output and freeing the caller's dropped one was
+// about 2,650 of a broadcast's 9,000 instructions. A kept tensor is reused
+// only when this slot holds the only reference to it and to its storage
+// (no view, no weak reference, no saved copy), it has no autograd metadata
+// (nobody called requires_grad_ on it, set a grad or a hook), and it still
+// has the shape, dtype, dispatch keys and inference mode a fresh output
+// would have; its old values are all overwritten. Otherwise it is released
+// and a fresh tensor is allocated, as before.
+class OutputSlot {
+ public:
+  // A contiguous CPU tensor of `sizes` and `options` (requires_grad false):
+  // the kept one where it may be reused, else fresh. The slot is left empty.
+  at::Tensor take(at::IntArrayRef sizes, const at::TensorOptions& options) const;
+  // Keeps `y` for the next take: only a CPU output of at most
+  // mpi::output_reuse_limit() bytes (buffer_cache.hpp) that has no autograd
+  // metadata (a layer keeps the outputs it returns without an autograd node).
+  void keep(const at::Tensor& y) const;
+
+ private:
+  mutable std::mutex mutex_;
+  mutable at::Tensor spare_;
+  mutable c10::DispatchKeySet keys_;  // spare_'s when kept
+};
 // A contiguous copy of x without history. A dense CPU tensor that is
 // already contiguous is copied by one memcpy into storage allocated without
 // the dispatcher (clone's dispatch and TensorIterator were about a quarter of
-// the halo's 4 KiB forward, docs/benchmarks.md); anything else is cloned.
-at::Tensor contiguous_copy(const at::Tensor& x);
+// the halo's 4 KiB forward, docs/benchmarks.md), or taken from `reuse`;
+// anything else is cloned.
+at::Tensor contiguous_copy(const at::Tensor& x, const OutputSlot* reuse = nullptr);
 
 // Data flows from the root (rank 0) of each team to its members.
 // `root_team`: the team this rank is the root of (or null); `member_team`:
 // the team it receives in (or null; may equal root_team, then the rank copies
 // its own data). Returns what this rank receives (undefined if no member_team).
+// `reuse`: the layer's output slot (OutputSlot::take allocates the output);
+// the same in the calls below.
 at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
                        const at::Tensor& src, const Shape& out_shape,
-                       const at::TensorOptions& out_options, const std::string& what);
+                       const at::TensorOptions& out_options, const std::string& what,
+                       const OutputSlot* reuse = nullptr);
 
 // Data flows from the members of each team to its root, summed. `contrib` is
 // this rank's contribution in `member_team`; returns the sum at the root of
@@ -83,7 +113,8 @@ at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
 // elsewhere.
 at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team,
                         const at::Tensor& contrib, const Shape& out_shape,
-                        const at::TensorOptions& out_options, const std::string& what);
+                        const at::TensorOptions& out_options, const std::string& what,
+                        const OutputSlot* reuse = nullptr);
 
 // Gives `out` (a fresh tensor without history) an autograd node whose
 // backward is `adjoint(grad_out)`. `attach` must be the same on every rank
@@ -134,7 +165,8 @@ struct Group {
 inline Group group_of(const Partition& P) { return {P.comm(), P.rank(), P.size()}; }
 
 // op over the group of x (one shape everywhere), on every member.
-at::Tensor allreduce(const Group& g, const at::Tensor& x, MPI_Op op, const std::string& what);
+at::Tensor allreduce(const Group& g, const at::Tensor& x, MPI_Op op, const std::string& what,
+                     const OutputSlot* reuse = nullptr);
 // In place on `buf` (contiguous), the root's values everywhere.
 void bcast_inplace(const Group& g, at::Tensor& buf, int root, const std::string& what);
 // In place on `buf` (contiguous): op over the group at the root; the other
@@ -149,11 +181,13 @@ at::Tensor reduce_to(const Group& g, const at::Tensor& x, MPI_Op op, int root,
 at::Tensor gather_dim(const Group& g, const at::Tensor& x, int64_t dim,
                       const std::vector<int64_t>& lengths, int root, const std::string& what);
 at::Tensor allgather_dim(const Group& g, const at::Tensor& x, int64_t dim,
-                         const std::vector<int64_t>& lengths, const std::string& what);
+                         const std::vector<int64_t>& lengths, const std::string& what,
+                         const OutputSlot* reuse = nullptr);
 // The sum over the group of x (one shape everywhere), split along `dim`:
 // member i gets the slice of extent `lengths[i]` after those of members < i.
 at::Tensor reduce_scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
-                              const std::vector<int64_t>& lengths, const std::string& what);
+                              const std::vector<int64_t>& lengths, const std::string& what,
+                              const OutputSlot* reuse = nullptr);
 // The root's x (shape root_shape; other members' x is not read) split along
 // `dim` into `lengths`: member i's slice.
 at::Tensor scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
@@ -212,17 +246,18 @@ AlltoallCounts alltoall_checked_counts(int me, at::IntArrayRef sizes, int64_t ga
 
 // The layers' names for them, on a team.
 inline at::Tensor allreduce_team(const Partition& team, const at::Tensor& x,
-                                 const std::string& what) {
-  return allreduce(group_of(team), x, mpi_sum(x.scalar_type()), what);
+                                 const std::string& what, const OutputSlot* reuse = nullptr) {
+  return allreduce(group_of(team), x, mpi_sum(x.scalar_type()), what, reuse);
 }
 inline at::Tensor allgather_dim(const Partition& team, const at::Tensor& x, int64_t dim,
-                                const std::vector<int64_t>& lengths, const std::string& what) {
-  return allgather_dim(group_of(team), x, dim, lengths, what);
+                                const std::vector<int64_t>& lengths, const std::string& what,
+                                const OutputSlot* reuse = nullptr) {
+  return allgather_dim(group_of(team), x, dim, lengths, what, reuse);
 }
 inline at::Tensor reduce_scatter_dim(const Partition& team, const at::Tensor& x, int64_t dim,
                                      const std::vector<int64_t>& lengths,
-                                     const std::string& what) {
-  return reduce_scatter_dim(group_of(team), x, dim, lengths, what);
+                                     const std::string& what, const OutputSlot* reuse = nullptr) {
+  return reduce_scatter_dim(group_of(team), x, dim, lengths, what, reuse);
 }
 
 }  // namespace partita::mpi::detail

@@ -100,13 +100,17 @@ at::Tensor TeamLayer::forward(const at::Tensor& x) const {
   at::Tensor y;
   {
     at::NoGradGuard no_grad;
-    y = kind == Kind::Broadcast ? bcast_teams(P_send, P_recv, x, out_shape, out_options, name)
-                                : reduce_teams(P_recv, P_send, x, out_shape, out_options, name);
+    y = kind == Kind::Broadcast
+            ? bcast_teams(P_send, P_recv, x, out_shape, out_options, name, &out_slot)
+            : reduce_teams(P_recv, P_send, x, out_shape, out_options, name, &out_slot);
     if (!y.defined()) y = zero_volume_like(x, options.preserve_batch);
   }
   // (with_adjoint returns y as it is when no node is attached: the
   // adjoint's closure is only built when one is.)
-  if (!attach) return y;
+  if (!attach) {
+    out_slot.keep(y);
+    return y;
+  }
   // The adjoint: the other direction over the same teams, into x's shape.
   const Shape x_shape = shape_of(x);
   const auto x_options = x.options().requires_grad(false);

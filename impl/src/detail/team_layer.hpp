@@ -28,6 +28,9 @@ struct TeamLayer {
   std::vector<Ranks> contributors;  // per team, the paired workers (checked per call)
   int y_source = -1;  // a worker whose input has the shape of this rank's output
   Options options;
+  // The last output returned without an autograd node, for the next call
+  // (detail/team_comm.hpp, docs/output-reuse.md).
+  mpi::detail::OutputSlot out_slot;
 
   at::Tensor forward(const at::Tensor& x) const;
 

@@ -2,6 +2,7 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <deque>
 #include <list>
@@ -196,12 +197,20 @@ double number_from_environment(const char* name, double otherwise) {
 }
 }  // namespace
 
+namespace {
+std::atomic<size_t> g_output_reuse_limit{kDefaultOutputReuseBytes};
+}  // namespace
+void set_output_reuse_limit(size_t bytes) { g_output_reuse_limit.store(bytes, std::memory_order_relaxed); }
+size_t output_reuse_limit() { return g_output_reuse_limit.load(std::memory_order_relaxed); }
+
 void buffer_cache_from_environment() {
+  const double reuse = number_from_environment("PARTITA_OUTPUT_REUSE_BYTES", double(kDefaultOutputReuseBytes));
   const double mib = number_from_environment("PARTITA_BUFFER_CACHE_MIB", double(kDefaultBufferCacheMiB));
   const double min_kib = number_from_environment("PARTITA_BUFFER_CACHE_MIN_KIB", 1024);
   // 0 turns it off: nothing is installed when it was not (LibTorch keeps its
   // own allocator), and one installed before stops holding blocks.
   enable_buffer_cache(static_cast<size_t>(mib * (1 << 20)), static_cast<size_t>(min_kib * 1024));
+  set_output_reuse_limit(static_cast<size_t>(reuse));
 }
 
 }  // namespace partita::mpi

@@ -23,6 +23,9 @@ struct AllSumReduceLayer {
     bool attach = false;
   };
   PlanCache<Compiled> plans;
+  // The last output returned without an autograd node, for the next call
+  // (detail/team_comm.hpp, docs/output-reuse.md).
+  OutputSlot out_slot;
 
   std::shared_ptr<const Compiled> prepare(const at::Tensor& x) const {
     std::vector<Header> headers;
@@ -42,11 +45,14 @@ struct AllSumReduceLayer {
     at::Tensor y;
     {
       at::NoGradGuard no_grad;
-      y = allreduce_team(team, x, name);
+      y = allreduce_team(team, x, name, &out_slot);
     }
     // (with_adjoint returns y as it is when no node is attached: the
     // adjoint's closure is only built when one is.)
-    if (!attach) return y;
+    if (!attach) {
+      out_slot.keep(y);
+      return y;
+    }
     return with_adjoint(y, x, true, name,
                         [t = team, what = adjoint_name](const at::Tensor& gy) {
                           return allreduce_team(t, gy, what);

@@ -38,10 +38,22 @@ BufferCacheStats buffer_cache_stats();
 
 inline constexpr size_t kDefaultBufferCacheMiB = 512;
 
+// Output reuse (docs/output-reuse.md): a primitive's layer keeps the last
+// output it returned without an autograd node, of at most this many bytes,
+// and its next call writes into that tensor again when the caller dropped
+// it and nothing else (a view, a weak reference, a saved copy) can reach it;
+// otherwise it allocates a fresh one. 0 turns reuse off (kept outputs are
+// released at the layers' next calls).
+inline constexpr size_t kDefaultOutputReuseBytes = size_t{64} << 10;
+void set_output_reuse_limit(size_t bytes);
+size_t output_reuse_limit();
+
 // enable_buffer_cache(N MiB) with N from PARTITA_BUFFER_CACHE_MIB (default
 // kDefaultBufferCacheMiB; 0: off, and not installed if it was not), blocks of at least
-// PARTITA_BUFFER_CACHE_MIN_KIB (default 1024) KiB. Called by Environment;
-// throws partita::Error on a value that is not a non-negative number.
+// PARTITA_BUFFER_CACHE_MIN_KIB (default 1024) KiB, and set_output_reuse_limit
+// from PARTITA_OUTPUT_REUSE_BYTES (default kDefaultOutputReuseBytes). Called
+// by Environment; throws partita::Error on a value that is not a
+// non-negative number.
 void buffer_cache_from_environment();
 
 }  // namespace partita::mpi
