@@ -20,6 +20,7 @@
 
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 
 #include "partita/mpi/buffer_cache.hpp"
@@ -132,6 +133,8 @@ TEST_F(OutputReuse, ADroppedOutputIsReusedWithTheNewValues) {
       if (data) ok = ok && y.data_ptr() == data && y.unsafeGetTensorImpl() == impl;
       EXPECT_TRUE(agreed(ok)) << c.name << ", call " << call << ", rank " << rank() << ": " << y
                               << "\nexpected " << expected;
+      // What a partial overwrite would leave shows at the next call.
+      if (y.is_floating_point()) y.fill_(std::numeric_limits<float>::quiet_NaN());
       y.reset();
     }
   }
@@ -236,8 +239,9 @@ TEST_F(OutputReuse, WhatALayerKeeps) {
     bool ok = !node.expired() && !kept_after_drop(y) && node.expired();
     EXPECT_TRUE(agreed(ok)) << c.name << " with a node, rank " << rank();
 
-    // Only up to the limit (8 bytes: a few outputs fit), and none with 0.
-    for (size_t limit : {size_t{8}, size_t{0}}) {
+    // Only up to the limit (40 bytes: some outputs fit at each world size,
+    // some do not), and none with 0.
+    for (size_t limit : {size_t{40}, size_t{0}}) {
       mpi::set_output_reuse_limit(limit);
       y = layer(c.input(3));
       const bool fits = y.numel() > 0 && static_cast<size_t>(y.nbytes()) <= limit;
@@ -246,6 +250,43 @@ TEST_F(OutputReuse, WhatALayerKeeps) {
     }
     mpi::set_output_reuse_limit(limit_);
   }
+}
+
+// A kept output of another shape or dtype than the next call's is not
+// reused (the same number of elements in another shape included), and
+// lowering the limit stops reuse at the next call.
+TEST_F(OutputReuse, AnotherShapeOrDtypeOrALowerLimitGetsAFreshOutput) {
+  const Layer layer = cases()[2].make();  // all_sum_reduce, one shape everywhere
+  const Layer check = cases()[2].make();
+  at::Tensor y = layer(random({2, 5}, 1));
+  const c10::TensorImpl* first = y.unsafeGetTensorImpl();
+  const WeakTensor w(y.getIntrusivePtr());
+  y.reset();
+  struct Next {
+    Shape shape;
+    at::ScalarType dtype;
+  };
+  for (const Next& n : {Next{{5, 2}, at::kFloat}, Next{{2, 5}, at::kDouble}}) {
+    const at::Tensor x = random(n.shape, 2).to(n.dtype);
+    y = layer(x);
+    const at::Tensor expected = check(x);
+    const bool ok = same_bits(y, expected) && w.use_count() == 0 && y.unsafeGetTensorImpl() != first;
+    EXPECT_TRUE(agreed(ok)) << "shape " << y.sizes() << " " << y.scalar_type() << ", rank " << rank();
+    y.reset();
+  }
+  // A double {2, 5} output (80 bytes) is kept; with the limit lowered to 8
+  // the next call releases it instead of reusing it, and keeps nothing.
+  y = layer(random({2, 5}, 3).to(at::kDouble));
+  const WeakTensor last(y.getIntrusivePtr());
+  y.reset();
+  bool ok = last.use_count() == 1;
+  mpi::set_output_reuse_limit(8);
+  const at::Tensor x4 = random({2, 5}, 4).to(at::kDouble);
+  y = layer(x4);
+  ok = ok && last.use_count() == 0 && same_bits(y, check(x4));
+  ok = ok && !kept_after_drop(y);
+  EXPECT_TRUE(agreed(ok)) << "lower limit, rank " << rank();
+  mpi::set_output_reuse_limit(limit_);
 }
 
 TEST_F(OutputReuse, InferenceModeGetsAnInferenceTensor) {

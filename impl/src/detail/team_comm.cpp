@@ -177,14 +177,16 @@ at::Tensor fresh(at::IntArrayRef sizes, const at::TensorOptions& options, const 
 }
 
 // Nothing but `t` reaches its TensorImpl or its storage: no other Tensor,
-// view or Storage handle, and no weak reference to either.
+// view or Storage handle, and no weak reference to either. The strong
+// counts are read again last: a thread that held a weak reference may have
+// locked it (a strong one) and dropped the weak one between the reads.
 bool only_reference(const at::Tensor& t) {
-  if (t.use_count() != 1 || t.weak_use_count() != 1) return false;
   const c10::Storage& s = t.storage();
-  if (s.use_count() != 1) return false;
+  if (t.use_count() != 1 || s.use_count() != 1) return false;
   // (A weak count is the weak references plus one while strong ones exist;
-  // this look adds one.)
-  return s.getWeakStorageImpl().weak_use_count() == 2;
+  // the storage's look adds one.)
+  if (t.weak_use_count() != 1 || s.getWeakStorageImpl().weak_use_count() != 2) return false;
+  return t.use_count() == 1 && s.use_count() == 1;
 }
 
 }  // namespace
@@ -192,13 +194,21 @@ bool only_reference(const at::Tensor& t) {
 at::Tensor OutputSlot::take(at::IntArrayRef sizes, const at::TensorOptions& options) const {
   at::Tensor t;
   c10::DispatchKeySet keys;
+  const c10::StorageImpl* storage = nullptr;
+  const void* data = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     t = std::move(spare_);
     keys = keys_;
+    storage = storage_;
+    data = data_;
   }
+  // (The same storage and memory as when kept: `set_`, `set_data` or a
+  // swapped data pointer could have pointed it at the caller's memory.)
   if (t.defined() && options.device().is_cpu() && options.layout() == at::kStrided &&
       !options.requires_grad() && !options.pinned_memory() &&
+      t.storage().unsafeGetStorageImpl() == storage && t.storage().data() == data &&
+      static_cast<size_t>(t.nbytes()) <= output_reuse_limit() &&
       t.scalar_type() == options.dtype().toScalarType() && t.key_set() == keys &&
       t.is_inference() == c10::InferenceMode::is_enabled() &&
       t.unsafeGetTensorImpl()->autograd_meta() == nullptr && !t.has_names() &&
@@ -216,6 +226,8 @@ void OutputSlot::keep(const at::Tensor& y) const {
   std::lock_guard<std::mutex> lock(mutex_);
   spare_ = y;
   keys_ = y.key_set();
+  storage_ = y.storage().unsafeGetStorageImpl();
+  data_ = y.storage().data();
 }
 
 at::Tensor contiguous_copy(const at::Tensor& x, const OutputSlot* reuse) {

@@ -87,7 +87,10 @@ class OutputSlot {
  private:
   mutable std::mutex mutex_;
   mutable at::Tensor spare_;
-  mutable c10::DispatchKeySet keys_;  // spare_'s when kept
+  // spare_'s dispatch keys, storage and memory when kept
+  mutable c10::DispatchKeySet keys_;
+  mutable const c10::StorageImpl* storage_ = nullptr;
+  mutable const void* data_ = nullptr;
 };
 // A contiguous copy of x without history. A dense CPU tensor that is
 // already contiguous is copied by one memcpy into storage allocated without

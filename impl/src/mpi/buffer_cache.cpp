@@ -185,14 +185,15 @@ BufferCacheStats buffer_cache_stats() {
 }
 
 namespace {
-// A non-negative number from the environment, or `otherwise` when unset.
+// A finite non-negative number (at most 1e15) from the environment, or
+// `otherwise` when unset.
 double number_from_environment(const char* name, double otherwise) {
   const char* v = std::getenv(name);
   if (!v || !*v) return otherwise;
   char* end = nullptr;
   const double x = std::strtod(v, &end);
-  if (*end != '\0' || x < 0)
-    throw Error(std::string(name) + ": expected a non-negative number, got \"" + v + "\"");
+  if (*end != '\0' || !(x >= 0) || x > 1e15)
+    throw Error(std::string(name) + ": expected a non-negative number (at most 1e15), got \"" + v + "\"");
   return x;
 }
 }  // namespace

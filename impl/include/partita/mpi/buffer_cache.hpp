@@ -53,7 +53,7 @@ size_t output_reuse_limit();
 // PARTITA_BUFFER_CACHE_MIN_KIB (default 1024) KiB, and set_output_reuse_limit
 // from PARTITA_OUTPUT_REUSE_BYTES (default kDefaultOutputReuseBytes). Called
 // by Environment; throws partita::Error on a value that is not a
-// non-negative number.
+// non-negative number of at most 1e15 (nan and inf included).
 void buffer_cache_from_environment();
 
 }  // namespace partita::mpi
