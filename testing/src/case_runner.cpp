@@ -245,11 +245,19 @@ void reference_forward(Run& r, CaseOutcome& out) {
 // twice with the same inputs (issue 15, plans made once): the second call
 // reuses the plan the first one made and checked, and is the one whose
 // output and backward are checked; the first call's output must equal it
-// bit for bit (its graph is dropped unused).
+// bit for bit (its graph is dropped unused). The first output is
+// overwritten with a byte pattern before it is dropped (unless it is the
+// input, written in place): a layer that writes its next output into it
+// (docs/output-reuse.md) must overwrite every element, or the pattern shows.
 void mpi_forward(Run& r, const CaseOutcome& out) {
   try {
     r.layer = r.entry.mpi(r.ctx);
-    r.first_y = r.layer.call(out.x).detach().clone();
+    {
+      const at::Tensor first = r.layer.call(out.x);
+      r.first_y = first.detach().clone();
+      if (!r.layer.written && first.numel() > 0 && first.is_contiguous() && first.device().is_cpu())
+        std::memset(first.data_ptr(), 0xA5, first.nbytes());
+    }
     r.y = r.layer.call(out.x);
   } catch (const Error& e) {
     r.mpi_error = e.what();
