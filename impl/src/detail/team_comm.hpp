@@ -70,8 +70,9 @@ int mpi_count(int64_t numel, const std::string& what);
 // about 2,650 of a broadcast's 9,000 instructions. A kept tensor is reused
 // only when this slot holds the only reference to it and to its storage
 // (no view, no weak reference, no saved copy), it has no autograd metadata
-// (nobody called requires_grad_ on it, set a grad or a hook), and it still
-// has the shape, dtype, dispatch keys and inference mode a fresh output
+// (nobody called requires_grad_ on it, set a grad or a hook), it still has
+// the storage and memory it had when kept and fits the current limit, and
+// it has the shape, dtype, dispatch keys and inference mode a fresh output
 // would have; its old values are all overwritten. Otherwise it is released
 // and a fresh tensor is allocated, as before.
 class OutputSlot {
