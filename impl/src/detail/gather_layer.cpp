@@ -74,7 +74,7 @@ at::Tensor GatherLayer::forward(const at::Tensor& x) const {
   const std::vector<int64_t>& lengths = c->lengths;
   at::Tensor y;
   {
-    at::NoGradGuard no_grad;
+    const NoGradIfNeeded no_grad(x);
     y = gather ? allgather_dim(team, x, dim, lengths, name, &out_slot)
                : reduce_scatter_dim(team, x, dim, lengths, name, &out_slot);
   }

@@ -40,8 +40,8 @@ inline bool same_headers(const std::vector<Header>& a, const std::vector<Header>
 std::string describe_header(const Header& h);
 // exchange_headers with this rank's `promised` choice in its header: raises
 // PartitionError on every rank unless every member made the same choice.
-std::vector<Header> exchange_promised_headers(const Partition& P, Header mine, bool promised,
-                                              const std::string& what);
+void exchange_promised_headers(const Partition& P, Header mine, bool promised,
+                               const std::string& what, std::vector<Header>& headers);
 // On every rank: ShapeError (input.static_shapes) for the first member
 // whose header differs from its header at the first call.
 void check_header_promise(const Partition& P, const std::string& what,
@@ -56,8 +56,9 @@ class PlanCache {
   void set_static_shapes(bool on) { static_ = on; }
 
   // A call's plan, or null after filling `headers` (then make the plan from
-  // them, check it, and insert it). Collective over P's active members
-  // unless static shapes skip the exchange.
+  // them, check it, and insert it; `headers` is left alone on a hit).
+  // Collective over P's active members unless static shapes skip the
+  // exchange.
   std::shared_ptr<const Plan> lookup(const Partition& P, Header mine, const std::string& what,
                                      std::vector<Header>& headers) const {
     mine.static_shapes = static_ ? 1 : 0;
@@ -75,14 +76,16 @@ class PlanCache {
                                  describe_header(was), describe_header(mine));
           return first->plan;
         }
-        headers = exchange_promised_headers(P, mine, true, what);
-        check_header_promise(P, what, first->headers, headers);
+        exchange_promised_headers(P, mine, true, what, gathered());
+        check_header_promise(P, what, first->headers, gathered());
         return first->plan;
       }
     }
-    headers = exchange_promised_headers(P, mine, static_, what);
-    auto hit = find(headers);
-    if (hit && static_) pin(headers, hit);
+    std::vector<Header>& now = gathered();
+    exchange_promised_headers(P, mine, static_, what, now);
+    auto hit = find(now);
+    if (hit && static_) pin(now, hit);
+    if (!hit) headers = now;
     return hit;
   }
 
@@ -126,6 +129,13 @@ class PlanCache {
   }
   bool static_ = false;
   mutable std::shared_ptr<const Pin> pin_;
+
+  // Where a call's headers are gathered: this thread's, so that a hit, the
+  // common case, allocates nothing (the capacity stays from call to call).
+  static std::vector<Header>& gathered() {
+    static thread_local std::vector<Header> v;
+    return v;
+  }
 
   struct Entry {
     std::vector<Header> headers;

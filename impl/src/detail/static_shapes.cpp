@@ -39,10 +39,10 @@ std::string describe_header(const Header& h) {
   return s;
 }
 
-std::vector<Header> exchange_promised_headers(const Partition& P, Header mine, bool promised,
-                                              const std::string& what) {
+void exchange_promised_headers(const Partition& P, Header mine, bool promised,
+                               const std::string& what, std::vector<Header>& headers) {
   mine.static_shapes = promised ? 1 : 0;
-  auto headers = exchange_headers(P, mine, what.c_str());
+  exchange_headers(P, mine, what.c_str(), headers);
   for (size_t i = 1; i < headers.size(); ++i)
     if (headers[i].static_shapes != headers[0].static_shapes)
       throw PartitionError(what + ": the ranks of the layer were made with different shape "
@@ -51,7 +51,6 @@ std::vector<Header> exchange_promised_headers(const Partition& P, Header mine, b
                                std::to_string(P.workers()[i]) +
                                (headers[i].static_shapes ? " static" : " per call") + ")",
                            rule_code::kArgumentsDiffer);
-  return headers;
 }
 
 void check_header_promise(const Partition& P, const std::string& what,

@@ -99,7 +99,7 @@ at::Tensor TeamLayer::forward(const at::Tensor& x) const {
 
   at::Tensor y;
   {
-    at::NoGradGuard no_grad;
+    const NoGradIfNeeded no_grad(x);
     y = kind == Kind::Broadcast
             ? bcast_teams(P_send, P_recv, x, out_shape, out_options, name, &out_slot)
             : reduce_teams(P_recv, P_send, x, out_shape, out_options, name, &out_slot);

@@ -44,7 +44,7 @@ struct AllSumReduceLayer {
     const bool attach = prepare(x)->attach;
     at::Tensor y;
     {
-      at::NoGradGuard no_grad;
+      const NoGradIfNeeded no_grad(x);
       y = allreduce_team(team, x, name, &out_slot);
     }
     // (with_adjoint returns y as it is when no node is attached: the

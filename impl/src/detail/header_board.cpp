@@ -1,0 +1,234 @@
+#include "detail/header_board.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+
+#include "partita/mpi/poll.hpp"
+#include "partita/mpi/runtime.hpp"
+
+namespace partita::mpi::detail {
+
+namespace {
+
+// One rank's block of one call. `seq` is the number of the call whose block
+// it holds (0: none yet), written last, with release order, and read with
+// acquire order: a reader that sees its call's number sees the block.
+struct alignas(64) Slot {
+  uint64_t seq;
+  unsigned char block[kBoardBlockBytes];
+};
+static_assert(sizeof(Slot) == 128, "a slot is two cache lines");
+
+// A communicator's board, as this rank sees it. Calls alternate between two
+// rows of slots (call c uses row c % 2). A rank writes call c's block over
+// call c-2's only when every other rank has read c-2's: each rank reads the
+// blocks of call c-2 before it posts call c-1, and this rank has seen every
+// c-1 (in its own call c-1, or, after an abandoned wait, first thing in
+// call c). So a block is never overwritten while it is read, with no lock.
+struct Board {
+  Slot* slots = nullptr;
+  size_t length = 0;
+  int rank = 0, size = 0;
+  uint64_t posted = 0;    // the last call whose block this rank wrote
+  uint64_t complete = 0;  // the last call whose blocks it read from every rank
+  bool on = false;
+  Slot& slot(uint64_t call, int r) const { return slots[(call & 1) * static_cast<uint64_t>(size) + r]; }
+};
+
+// The last communicator looked up and its board: the layers exchange on
+// one communicator call after call, and MPI_Comm_get_attr costs about 110
+// instructions. MPI is used by one thread at a time (MPI_THREAD_SERIALIZED),
+// and so is this. A freed communicator leaves it (delete_board) before MPI
+// can hand its handle to a new one.
+struct Last {
+  MPI_Comm comm = MPI_COMM_NULL;
+  Board* board = nullptr;
+} g_last;
+
+int delete_board(MPI_Comm comm, int, void* value, void*) {
+  auto* b = static_cast<Board*>(value);
+  if (g_last.comm == comm) g_last = Last{};
+  if (b->slots) munmap(b->slots, b->length);
+  delete b;
+  return MPI_SUCCESS;
+}
+
+std::once_flag g_once;
+int g_keyval = MPI_KEYVAL_INVALID;
+std::atomic<bool> g_allowed{true};
+
+void init_once() {
+  std::call_once(g_once, [] {
+    const char* v = std::getenv("PARTITA_HEADER_BOARD");
+    g_allowed = !(v && std::strcmp(v, "0") == 0);
+    PARTITA_MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_board, &g_keyval, nullptr));
+  });
+}
+
+// A name no other board on this machine has: the creating process's pid, a
+// count within it, and a random number.
+void fresh_name(char* name, size_t size) {
+  static std::atomic<unsigned long> count{0};
+  std::random_device rd;
+  std::snprintf(name, size, "/partita-board-%ld-%lu-%08x", static_cast<long>(getpid()),
+                count.fetch_add(1), static_cast<unsigned>(rd()));
+}
+
+// Collective over `comm` (its first exchange): rank 0 makes the segment and
+// names it to the others, which map it; the board is on only if every rank
+// allows boards and mapped it. A rank on another node than rank 0 finds no
+// segment of that name (each node has its own /dev/shm), so a communicator
+// that spans nodes falls back to MPI with no test of its own. Rank 0
+// unlinks the name once everyone has mapped it: nothing is left in
+// /dev/shm, even if a process dies later. Two collectives, in the form the
+// waiting policy says (mpi::call): blocking ones would spin in MPICH where
+// ranks outnumber cores, which made the property suites at 16 ranks on 2
+// cores four times slower in a first version.
+Board* make_board(MPI_Comm comm, const char* what) {
+  auto b = std::make_unique<Board>();
+  MPI_Comm_rank(comm, &b->rank);
+  MPI_Comm_size(comm, &b->size);
+  const bool allowed = g_allowed.load() && b->size >= 2;
+  b->length = 2 * static_cast<size_t>(b->size) * sizeof(Slot);
+  char name[96] = {0};
+  int fd = -1;
+  if (b->rank == 0 && allowed) {
+    fresh_name(name, sizeof name);
+    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(b->length)) != 0) {  // zero-filled: seq 0
+      close(fd);
+      shm_unlink(name);
+      fd = -1;
+    }
+    if (fd < 0) name[0] = '\0';
+  }
+  // Whatever happens (a wait given up below), rank 0 unlinks the name and a
+  // rank that mapped the segment but has no board unmaps it.
+  void* p = MAP_FAILED;
+  struct Cleanup {
+    const char* name;
+    bool unlink;
+    void*& p;
+    size_t length;
+    bool keep = false;
+    ~Cleanup() {
+      if (unlink) shm_unlink(name);
+      if (!keep && p != MAP_FAILED) munmap(p, length);
+    }
+  } cleanup{name, b->rank == 0 && name[0] != '\0', p, b->length};
+  call(
+      what, [&] { PARTITA_MPI_CHECK(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, comm)); },
+      [&](MPI_Request* req) { PARTITA_MPI_CHECK(MPI_Ibcast(name, sizeof name, MPI_CHAR, 0, comm, req)); });
+  if (name[0] && allowed) {
+    if (b->rank != 0) fd = shm_open(name, O_RDWR, 0);
+    if (fd >= 0) {
+      p = mmap(nullptr, b->length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+    }
+  }
+  int mapped = p != MAP_FAILED, every = 0;
+  call(
+      what, [&] { PARTITA_MPI_CHECK(MPI_Allreduce(&mapped, &every, 1, MPI_INT, MPI_LAND, comm)); },
+      [&](MPI_Request* req) {
+        PARTITA_MPI_CHECK(MPI_Iallreduce(&mapped, &every, 1, MPI_INT, MPI_LAND, comm, req));
+      });
+  if (every) {
+    b->slots = static_cast<Slot*>(p);
+    b->on = true;
+    cleanup.keep = true;
+  }
+  PARTITA_MPI_CHECK(MPI_Comm_set_attr(comm, g_keyval, b.get()));
+  return b.release();
+}
+
+uint64_t seq_of(const Slot& s) { return __atomic_load_n(&s.seq, __ATOMIC_ACQUIRE); }
+
+// Until rank r has posted `call` (or a later one). While it waits, MPI's
+// progress engine is driven, as a waiting MPI call would drive it: an
+// operation this rank posted earlier may need it before rank r can get here.
+// A short spin first (a peer a few hundred nanoseconds behind), then
+// partita's waiting loop with an MPI_Iprobe every 16 tests.
+void await(const Board& b, MPI_Comm comm, uint64_t call, int r, const char* what) {
+  const Slot& s = b.slot(call, r);
+  for (int i = 0; i < 256; ++i) {
+    if (seq_of(s) >= call) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  unsigned tests = 0;
+  wait_until(
+      [&] {
+        if ((tests++ & 15u) == 0) {
+          int flag = 0;
+          MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE);
+        }
+        return seq_of(s) >= call;
+      },
+      what);
+}
+
+Board* board_of(MPI_Comm comm) {
+  if (comm == g_last.comm) return g_last.board;
+  init_once();
+  void* value = nullptr;
+  int found = 0;
+  PARTITA_MPI_CHECK(MPI_Comm_get_attr(comm, g_keyval, &value, &found));
+  if (!found) return nullptr;
+  g_last = Last{comm, static_cast<Board*>(value)};
+  return g_last.board;
+}
+
+}  // namespace
+
+bool board_allgather(MPI_Comm comm, const void* mine, size_t bytes, void* all, const char* what) {
+  if (bytes > kBoardBlockBytes) return false;
+  Board* b = board_of(comm);
+  if (!b) b = make_board(comm, what);
+  if (!b->on) return false;
+  const uint64_t call = b->posted + 1;
+  // This call's row holds call-2's blocks, which may be overwritten once
+  // every rank has posted call-1 (having read them first). Seen already,
+  // unless this rank's wait at call-1 was abandoned (a deadline, an
+  // interrupt): then wait for them now.
+  if (b->complete + 1 < call)
+    for (int r = 0; r < b->size; ++r)
+      if (r != b->rank) await(*b, comm, call - 1, r, what);
+  Slot& own = b->slot(call, b->rank);
+  std::memcpy(own.block, mine, bytes);
+  __atomic_store_n(&own.seq, call, __ATOMIC_RELEASE);
+  b->posted = call;
+  auto* out = static_cast<unsigned char*>(all);
+  for (int r = 0; r < b->size; ++r) {
+    if (r == b->rank) {
+      std::memcpy(out + r * bytes, mine, bytes);
+      continue;
+    }
+    await(*b, comm, call, r, what);
+    std::memcpy(out + r * bytes, b->slot(call, r).block, bytes);
+  }
+  b->complete = call;
+  return true;
+}
+
+void set_header_board_allowed(bool allowed) {
+  init_once();
+  g_allowed = allowed;
+}
+
+bool has_header_board(MPI_Comm comm) {
+  const Board* b = board_of(comm);
+  return b && b->on;
+}
+
+}  // namespace partita::mpi::detail
