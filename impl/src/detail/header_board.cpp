@@ -45,19 +45,22 @@ struct Board {
   Slot& slot(uint64_t call, int r) const { return slots[(call & 1) * static_cast<uint64_t>(size) + r]; }
 };
 
-// The last communicator looked up and its board: the layers exchange on
-// one communicator call after call, and MPI_Comm_get_attr costs about 110
-// instructions. MPI is used by one thread at a time (MPI_THREAD_SERIALIZED),
-// and so is this. A freed communicator leaves it (delete_board) before MPI
-// can hand its handle to a new one.
+// This thread's last communicator looked up and its board: the layers
+// exchange on one communicator call after call, and MPI_Comm_get_attr costs
+// about 110 instructions. Freeing any communicator with a board counts in
+// g_frees, which makes every thread's entry stale before MPI can hand the
+// freed handle to a new communicator.
+std::atomic<uint64_t> g_frees{0};
 struct Last {
   MPI_Comm comm = MPI_COMM_NULL;
   Board* board = nullptr;
-} g_last;
+  uint64_t frees = 0;
+};
+thread_local Last t_last;
 
-int delete_board(MPI_Comm comm, int, void* value, void*) {
+int delete_board(MPI_Comm, int, void* value, void*) {
+  g_frees.fetch_add(1, std::memory_order_acq_rel);
   auto* b = static_cast<Board*>(value);
-  if (g_last.comm == comm) g_last = Last{};
   if (b->slots) munmap(b->slots, b->length);
   delete b;
   return MPI_SUCCESS;
@@ -179,14 +182,15 @@ void await(const Board& b, MPI_Comm comm, uint64_t call, int r, const char* what
 }
 
 Board* board_of(MPI_Comm comm) {
-  if (comm == g_last.comm) return g_last.board;
+  const uint64_t frees = g_frees.load(std::memory_order_acquire);
+  if (comm == t_last.comm && frees == t_last.frees) return t_last.board;
   init_once();
   void* value = nullptr;
   int found = 0;
   PARTITA_MPI_CHECK(MPI_Comm_get_attr(comm, g_keyval, &value, &found));
   if (!found) return nullptr;
-  g_last = Last{comm, static_cast<Board*>(value)};
-  return g_last.board;
+  t_last = Last{comm, static_cast<Board*>(value), frees};
+  return t_last.board;
 }
 
 }  // namespace
