@@ -93,8 +93,8 @@ void fresh_name(char* name, size_t size) {
 // segment of that name (each node has its own /dev/shm), so a communicator
 // that spans nodes falls back to MPI with no test of its own. Rank 0
 // unlinks the name once everyone has mapped it: nothing is left in
-// /dev/shm, even if a process dies later. Two collectives, in the form the
-// waiting policy says (mpi::call): blocking ones would spin in MPICH where
+// /dev/shm, even if a process dies later. Two collectives under the
+// waiting policy (mpi::call, mpi::all_true): blocking ones would spin in MPICH where
 // ranks outnumber cores, which made the property suites at 16 ranks on 2
 // cores four times slower in a first version.
 Board* make_board(MPI_Comm comm, const char* what) {
@@ -139,13 +139,7 @@ Board* make_board(MPI_Comm comm, const char* what) {
       close(fd);
     }
   }
-  int mapped = p != MAP_FAILED, every = 0;
-  call(
-      what, [&] { PARTITA_MPI_CHECK(MPI_Allreduce(&mapped, &every, 1, MPI_INT, MPI_LAND, comm)); },
-      [&](MPI_Request* req) {
-        PARTITA_MPI_CHECK(MPI_Iallreduce(&mapped, &every, 1, MPI_INT, MPI_LAND, comm, req));
-      });
-  if (every) {
+  if (all_true(p != MAP_FAILED, comm)) {
     b->slots = static_cast<Slot*>(p);
     b->on = true;
     cleanup.keep = true;
