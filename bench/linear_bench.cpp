@@ -92,7 +92,7 @@ std::unique_ptr<Setup> make(const std::string& kind, int64_t f) {
   auto s = std::make_unique<Setup>();
   const int n = world_size(), me = world_rank();
   const int64_t B = batch_of(f);
-  nn::LinearOptions o{true, at::kFloat};
+  const auto o = nn::LinearOptions().bias(true).dtype(at::kFloat);
   auto g = std::make_shared<Gemms>();
   auto gemm_shapes = [&](int64_t rows, int64_t in, int64_t out) {
     g->x = rnd({rows, in});
@@ -134,8 +134,8 @@ std::unique_ptr<Setup> make(const std::string& kind, int64_t f) {
   } else if (kind == "linear_all_gather" || kind == "linear_reduce_scatter") {
     const auto P = cart(all_ranks(), {1, n});
     const bool gather = kind == "linear_all_gather";
-    if (gather) s->layer = nn::DistributedLinearAllGather(P, f, f, o).ptr();
-    else s->layer = nn::DistributedLinearReduceScatter(P, f, f, o).ptr();
+    if (gather) s->layer = nn::DistributedLinearAllGather(mpi::Partition(), P, f, f, o).ptr();
+    else s->layer = nn::DistributedLinearReduceScatter(P, mpi::Partition(), f, f, o).ptr();
     s->x = rnd({B, f / n});
     s->dy = rnd({B, f / n});
     // all-gather: the GEMM on the gathered x (B x f) and W_m (f/n x f);
@@ -173,8 +173,8 @@ std::unique_ptr<Setup> make(const std::string& kind, int64_t f) {
     const int d = me / static_cast<int>(M), m = me % static_cast<int>(M);
     const auto P = cart(all_ranks(), {D, 1, M});
     const bool gather = kind == "linear_all_gather_zero";
-    if (gather) s->layer = nn::DistributedLinearAllGatherZero(P, f, f, o).ptr();
-    else s->layer = nn::DistributedLinearReduceScatterZero(P, f, f, o).ptr();
+    if (gather) s->layer = nn::DistributedLinearAllGatherZero(mpi::Partition(), P, f, f, o).ptr();
+    else s->layer = nn::DistributedLinearReduceScatterZero(P, mpi::Partition(), f, f, o).ptr();
     s->x = rnd({B / D, 1, f / M});
     s->dy = rnd({B / D, 1, f / M});
     if (gather) gemm_shapes(B / D, f, f / M);

@@ -143,9 +143,9 @@ struct StageFigures {
 // medians.
 std::pair<double, std::vector<StageFigures>> pipeline_steps(const Options& o, const char* pipeline) {
   smp::Config cfg;
-  cfg.partitions = mpi::world_size();
-  cfg.microbatches = o.microbatches;
-  cfg.pipeline = pipeline;
+  cfg.partitions(mpi::world_size());
+  cfg.microbatches(o.microbatches);
+  cfg.pipeline(pipeline);
   smp::init(cfg);
   torch::nn::Sequential net = mlp(o);
   smp::DistributedModel model(net);

@@ -100,7 +100,7 @@ int64_t count(const benchmark::State& s) { return s.range(0) / 4; }  // float32
 constexpr auto kStatic = partita::Shapes::kStatic;
 partita::Options static_options() {
   partita::Options o;
-  o.shapes = kStatic;
+  o.shapes(kStatic);
   return o;
 }
 int mpi_n(const at::Tensor& t) { return static_cast<int>(t.numel()); }

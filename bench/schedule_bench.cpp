@@ -118,10 +118,10 @@ struct Result {
 Result run(const Options& o, const char* pipeline, int v) {
   const int p = mpi::world_size(), m = o.microbatches;
   smp::Config cfg;
-  cfg.partitions = p;
-  cfg.microbatches = m;
-  cfg.pipeline = pipeline;
-  cfg.virtual_pipeline_model_parallel_size = v;
+  cfg.partitions(p);
+  cfg.microbatches(m);
+  cfg.pipeline(pipeline);
+  cfg.virtual_pipeline_model_parallel_size(v);
   smp::init(cfg);
   const int64_t us = static_cast<int64_t>(o.unit_ms * 1000 / v);
   torch::nn::Sequential net;

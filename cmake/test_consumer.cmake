@@ -20,7 +20,21 @@ function(step)
   endif()
   set(step_output "${out}" PARENT_SCOPE)
 endfunction()
+if(LIBRARY_ONLY)
+  # The library-only build: configured from the sources with GoogleTest,
+  # RapidCheck and CLI11 hidden from find_package (it must need none of
+  # them), built, and installed into the clean prefix in place of BUILD_DIR.
+  step(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK}/library -G Ninja -DCMAKE_BUILD_TYPE=Release
+       -DPARTITA_BUILD_TESTS=OFF -DPARTITA_UNITY_BUILD=ON -DMPI_CXX_COMPILER=${MPI_CXX_COMPILER}
+       -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON -DCMAKE_DISABLE_FIND_PACKAGE_rapidcheck=ON
+       -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=ON)
+  step(${CMAKE_COMMAND} --build ${WORK}/library)
+  set(BUILD_DIR ${WORK}/library)
+endif()
 step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK}/prefix)
+if(LIBRARY_ONLY AND (EXISTS ${WORK}/prefix/bin/partita OR EXISTS ${WORK}/prefix/include/partita/testing))
+  message(FATAL_ERROR "the library-only install holds partita::testing or the partita command")
+endif()
 step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/${PROJECT} -B ${WORK}/build -G Ninja
      -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK}/prefix
      -DMPI_CXX_COMPILER=${MPI_CXX_COMPILER})

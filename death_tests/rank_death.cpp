@@ -89,10 +89,10 @@ void collective() {
 void pipeline() {
   const int n = mpi::world_size();
   smp::Config config;
-  config.partitions = n;
-  config.microbatches = 2;
-  config.pipeline = "interleaved";
-  config.ddp = false;
+  config.partitions(n);
+  config.microbatches(2);
+  config.pipeline("interleaved");
+  config.ddp(false);
   smp::init(config);
   torch::manual_seed(1);
   torch::nn::Sequential seq;
@@ -105,7 +105,7 @@ void pipeline() {
   for (int i = 1; i < n; ++i) split.push_back(i <= kVictim ? i : i + 1);
   smp::DistributedModel model(seq, split);
   smp::StepOptions o;
-  o.microbatches = 2;
+  o.microbatches(2);
   auto train = smp::step(
       [&model](at::Tensor x, at::Tensor y) {
         at::Tensor loss = torch::mse_loss(model(x), y);
@@ -120,8 +120,8 @@ void pipeline() {
 
 void smp_send() {
   smp::Config config;
-  config.partitions = 1;
-  config.ddp = true;
+  config.partitions(1);
+  config.ddp(true);
   smp::init(config);
   if (victim()) die();
   say("waits in");

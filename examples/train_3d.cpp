@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "partita/distribute.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/smp.hpp"
@@ -37,9 +38,9 @@ constexpr double kLearningRate = 0.2;
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(const smp::StagePartitions& P) {
     nn::LinearOptions o;
-    o.dtype = at::kFloat;
-    up = register_module("up", nn::DistributedLinearAllGather(P.features, kHidden, kFfn, o, P.tokens));
-    down = register_module("down", nn::DistributedLinearReduceScatter(P.features, kFfn, kHidden, o, P.tokens));
+    o.dtype(at::kFloat);
+    up = register_module("up", nn::DistributedLinearAllGather(P.tokens, P.features, kHidden, kFfn, o));
+    down = register_module("down", nn::DistributedLinearReduceScatter(P.features, P.tokens, kFfn, kHidden, o));
   }
   at::Tensor forward(at::Tensor x) { return x + down(torch::gelu(up(x))); }  // a residual block
   nn::DistributedLinearAllGather up{nullptr};
@@ -50,10 +51,10 @@ TORCH_MODULE(Block);
 smp::Config configuration(int world) {
   if (std::getenv(smp::kConfigVariable)) return smp::Config::from_environment();
   smp::Config c;  // the default: two stages of two tp ranks where the world allows
-  c.partitions = world % 2 == 0 ? 2 : 1;
-  c.tensor_parallel_degree = world % (2 * c.partitions) == 0 ? 2 : 1;
-  c.microbatches = 2;
-  c.pipeline = "interleaved";
+  c.partitions(world % 2 == 0 ? 2 : 1);
+  c.tensor_parallel_degree(world % (2 * c.partitions()) == 0 ? 2 : 1);
+  c.microbatches(2);
+  c.pipeline("interleaved");
   return c;
 }
 
@@ -75,7 +76,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   smp::init(configuration(mpi::world_size()));
   const int pp = smp::pp_size(), tp = smp::tp_size(), dp = smp::dp_size();
-  const int microbatches = smp::config().microbatches;
+  const int microbatches = smp::config().microbatches();
 
   // The layout, one line per rank, printed by rank 0.
   char line[160];
@@ -85,7 +86,7 @@ int main(int argc, char** argv) {
   const auto lines = smp::allgather(std::string(line), smp::WORLD);
   if (smp::rank() == 0) {
     std::printf("train_3d: %d processes = dp %d x pp %d x tp %d, %d microbatches, pipeline %s\n", smp::size(), dp, pp,
-                tp, microbatches, smp::config().pipeline.c_str());
+                tp, microbatches, smp::config().pipeline().c_str());
     for (const auto& l : lines) std::printf("%s\n", l.c_str());
   }
   if (kBlocks % pp != 0 || kTokens % tp != 0 || kBatch % (dp * microbatches) != 0) {
@@ -115,10 +116,11 @@ int main(int argc, char** argv) {
   // Synthetic data, the same on every rank: learn y = tanh(x A).
   const at::Tensor X = torch::randn({kBatch, kTokens, kHidden});
   const at::Tensor Y = torch::tanh(torch::matmul(X, torch::randn({kHidden, kHidden}) / 4.0));
-  // This rank's piece: its replica's rows, its tp rank's tokens.
-  const int64_t rows = kBatch / dp, toks = kTokens / tp;
-  const at::Tensor x = X.narrow(0, smp::dp_rank() * rows, rows).narrow(1, smp::tp_rank() * toks, toks).contiguous();
-  const at::Tensor y = Y.narrow(0, smp::dp_rank() * rows, rows).narrow(1, smp::tp_rank() * toks, toks).contiguous();
+  // This rank's piece: its replica's rows, its tp rank's tokens, as the
+  // stage's `tokens` partition (dp x tp x 1) cuts the batch.
+  const mpi::Partition& cut = parts[smp::pp_rank()].tokens;
+  const at::Tensor x = partita::distribute(X, cut);
+  const at::Tensor y = partita::distribute(Y, cut);
 
   // Each rank's loss is its share of the whole microbatch's mean squared
   // error: the layers add the shares' gradients over tp and the replicas.

@@ -28,8 +28,8 @@ using partita::smp::ConfigError;
 }
 
 bool same(const Config& a, const Config& b) {
-  return a.partitions == b.partitions && a.microbatches == b.microbatches && a.pipeline == b.pipeline &&
-         a.ddp == b.ddp;
+  return a.partitions() == b.partitions() && a.microbatches() == b.microbatches() && a.pipeline() == b.pipeline() &&
+         a.ddp() == b.ddp();
 }
 
 void check_layout(const Config& c, int world) {
@@ -39,17 +39,17 @@ void check_layout(const Config& c, int world) {
   } catch (const ConfigError&) {
     accepted = false;
   }
-  const bool divides = world % c.partitions == 0;
-  if (accepted != (divides && (c.ddp || world == c.partitions)))
+  const bool divides = world % c.partitions() == 0;
+  if (accepted != (divides && (c.ddp() || world == c.partitions())))
     finding("validate(" + std::to_string(world) + ") of " + c.to_json() + " answered " +
             (accepted ? "yes" : "no"));
   if (!accepted) return;
-  const partita::smp::Layout layout(world, c.partitions);
+  const partita::smp::Layout layout(world, c.partitions());
   for (int r = 0; r < world; ++r) {
     const auto p = layout.place(r);
-    if (p.mp_rank != r % c.partitions || p.dp_rank != r / c.partitions ||
-        static_cast<int>(p.mp_group.size()) != c.partitions ||
-        static_cast<int>(p.dp_group.size()) != world / c.partitions || p.mp_group.at(p.mp_rank) != r ||
+    if (p.mp_rank != r % c.partitions() || p.dp_rank != r / c.partitions() ||
+        static_cast<int>(p.mp_group.size()) != c.partitions() ||
+        static_cast<int>(p.dp_group.size()) != world / c.partitions() || p.mp_group.at(p.mp_rank) != r ||
         p.dp_group.at(p.dp_rank) != r)
       finding("layout of " + c.to_json() + " on " + std::to_string(world) + " ranks misplaces rank " +
               std::to_string(r));
@@ -77,6 +77,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // partition count (kept small: the layout lists every rank's groups).
   for (int world = 1; world <= 16; ++world) check_layout(c, world);
   for (int world : {24, 32, 64}) check_layout(c, world);
-  if (c.partitions > 16 && c.partitions <= 256) check_layout(c, c.partitions);
+  if (c.partitions() > 16 && c.partitions() <= 256) check_layout(c, c.partitions());
   return 0;
 }

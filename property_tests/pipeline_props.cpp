@@ -68,9 +68,9 @@ TEST(PipelineProperty, EqualsOneProcess) {
       const bool virtual_stages = std::string(pipeline) == "interleaved_virtual";
       if (virtual_stages && p == 1) continue;  // one rank: nothing to interleave
       smp::Config cfg;
-      cfg.partitions = p;
-      cfg.pipeline = pipeline;
-      cfg.virtual_pipeline_model_parallel_size = virtual_stages ? 2 : 1;
+      cfg.partitions(p);
+      cfg.pipeline(pipeline);
+      cfg.virtual_pipeline_model_parallel_size(virtual_stages ? 2 : 1);
       smp::init(cfg);
       std::map<std::string, int> seen;
       const bool ok = check_lockstep<PipelineRun>(

@@ -37,8 +37,8 @@ constexpr const char* kDtypes[] = {"float64", "float32", "bfloat16", "float16", 
 // cases never drew one of these where it applies).
 std::vector<std::string> features(const Case& c) {
   std::vector<std::string> f{"dtype " + c.dtype};
-  if (c.options.preserve_batch && !c.is_linear()) f.push_back("preserve_batch");
-  if (c.options.transpose_src || c.options.transpose_dest) f.push_back("transposed partition");
+  if (c.options.preserve_batch() && !c.is_linear()) f.push_back("preserve_batch");
+  if (c.options.transpose_src() || c.options.transpose_dest()) f.push_back("transposed partition");
   if (!c.unused_outputs.empty()) f.push_back("some outputs unused");
   if (c.data_seed && c.fill == "normal") f.push_back("random normal fill");
   if (c.distdl) f.push_back("DistDL's axes");
@@ -47,7 +47,7 @@ std::vector<std::string> features(const Case& c) {
   if (c.is_linear() && c.primitive != "linear" && c.P_y) f.push_back("separate partitions");
   if (c.is_linear() && c.in_features) f.push_back("x does not fit the layer");
   // A scale_backward that divides by more than 1 a gradient that exists.
-  if (c.distdl && !c.distdl->scale_backward.empty() && at::isFloatingType(parse_dtype(c.dtype)))
+  if (c.distdl && !c.distdl->scale_backward().empty() && at::isFloatingType(parse_dtype(c.dtype)))
     f.push_back("scale_backward");
   bool zero = false, uneven = false;
   const Shape first = c.input_shape(c.P_x.ranks.front());
@@ -216,7 +216,7 @@ void check_adjoint_pair(const std::string& primitive) {
         const bool gather_pair = c.primitive == "all_gather";
         if (c.primitive == "repartition" && balance_tiling(c)) ++rebalanced;
         if (gather_pair && (!c.local_shapes.empty() ||
-                            (c.distdl && !c.distdl->scale_backward.empty())))
+                            (c.distdl && !c.distdl->scale_backward().empty())))
           return;  // uneven pieces or a scaled backward: not the plain pair
         at::Tensor x = case_input(c, me).requires_grad_(true), y;
         std::function<at::Tensor(const at::Tensor&)> pair;
@@ -237,7 +237,7 @@ void check_adjoint_pair(const std::string& primitive) {
           } else {
             const auto py = part(*c.P_y);
             Options mirrored = c.options;
-            std::swap(mirrored.transpose_src, mirrored.transpose_dest);
+            std::swap(mirrored.transpose_src(), mirrored.transpose_dest());
             nn::Broadcast f(px, py, c.options);
             nn::SumReduce g(py, px, mirrored);
             y = f(x);

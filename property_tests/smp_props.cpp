@@ -305,7 +305,7 @@ TEST(SmpProperty, ObjectsRoundTrip) {
   for (int p = 1; p <= n; ++p) {
     if (n % p) continue;
     smp::Config cfg;
-    cfg.partitions = p;
+    cfg.partitions(p);
     smp::init(cfg);
     Seen seen;
     EXPECT_TRUE(check_lockstep<ObjectCase>("smp objects round-trip, " + std::to_string(p) + " partitions",

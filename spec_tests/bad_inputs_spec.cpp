@@ -146,8 +146,8 @@ TEST(BadInput, CaseFileWrongField) {
 
 smp::Config partitions(int p, int microbatches = 1) {
   smp::Config c;
-  c.partitions = p;
-  c.microbatches = microbatches;
+  c.partitions(p);
+  c.microbatches(microbatches);
   return c;
 }
 std::string smp_still_works() {
@@ -163,7 +163,7 @@ TEST(BadInput, SmpConfigJsonField) {
   row<smp::ConfigError>(
       "cfg: field \"microbatches\": expected a positive integer, got 0",
       [] { smp::Config::from_json(R"({"microbatches": 0})", "cfg"); },
-      []() -> std::string { return smp::Config::from_json(R"({"microbatches": 2})", "cfg").microbatches == 2 ? "" : "wrong"; });
+      []() -> std::string { return smp::Config::from_json(R"({"microbatches": 2})", "cfg").microbatches() == 2 ? "" : "wrong"; });
 }
 
 TEST(BadInput, SmpInitWorldNotDivisible) {
@@ -315,9 +315,9 @@ TEST(BadInput, AllGatherAxisOutOfRange) {
 TEST(BadInput, LinearPartitionsDoNotFit) {
   // All-gather's P_y must be D x ... x 1 x M.
   row<PartitionError>(
-      "D x ... x 1 x M", [] { nn::DistributedLinearAllGather(cartesian(all_ranks(), {1, n(), 1}), 4 * n(), n()); },
+      "D x ... x 1 x M", [] { nn::DistributedLinearAllGather(mpi::Partition(), cartesian(all_ranks(), {1, n(), 1}), 4 * n(), n()); },
       []() -> std::string {
-        nn::DistributedLinearAllGather ag(cartesian(all_ranks(), {1, 1, n()}), 4 * n(), n());
+        nn::DistributedLinearAllGather ag(mpi::Partition(), cartesian(all_ranks(), {1, 1, n()}), 4 * n(), n());
         const at::Tensor y = ag(at::randn({2, 3, 4}));
         return y.sizes() == at::IntArrayRef({2, 3, 1}) ? "" : "wrong output shape";
       });
@@ -326,7 +326,7 @@ TEST(BadInput, LinearPartitionsDoNotFit) {
 TEST(BadInput, LinearFeaturesDifferAcrossRanks) {
   row<PartitionError>(
       "different arguments",
-      [] { nn::DistributedLinearAllGather(cartesian(all_ranks(), {1, 1, n()}), 4 * n() + (me() == 1), n()); },
+      [] { nn::DistributedLinearAllGather(mpi::Partition(), cartesian(all_ranks(), {1, 1, n()}), 4 * n() + (me() == 1), n()); },
       world_still_works);
 }
 
@@ -404,14 +404,14 @@ TEST(BadInput, AllGatherMissingDimension) {
 }
 
 TEST(BadInput, LinearInputFeatures) {
-  nn::DistributedLinearAllGather ag(cartesian(all_ranks(), {1, 1, n()}), 4 * n(), n());
+  nn::DistributedLinearAllGather ag(mpi::Partition(), cartesian(all_ranks(), {1, 1, n()}), 4 * n(), n());
   row<ShapeError>(
       "should have 4 features", [&] { ag(at::randn({2, 3, me() == 1 ? 5 : 4})); },
       [&]() -> std::string { return ag(at::randn({2, 3, 4})).sizes() == at::IntArrayRef({2, 3, 1}) ? "" : "wrong output shape"; });
 }
 
 TEST(BadInput, LinearInputDtype) {
-  nn::DistributedLinearAllGather ag(cartesian(all_ranks(), {1, 1, n()}), 4 * n(), n());
+  nn::DistributedLinearAllGather ag(mpi::Partition(), cartesian(all_ranks(), {1, 1, n()}), 4 * n(), n());
   row<ShapeError>(
       rule_code::kLinearInput, [&] { ag(at::randn({2, 3, 4}, at::kDouble)); },
       [&]() -> std::string { return ag(at::randn({2, 3, 4})).sizes() == at::IntArrayRef({2, 3, 1}) ? "" : "wrong output shape"; });
@@ -883,8 +883,8 @@ std::string pipeline_still_trains(smp::DistributedModel& model) {
 
 TEST(BadInput, PipelineSplitPointsBad) {
   smp::Config c = partitions(2);
-  c.pipeline = "interleaved";
-  if (n() % 2 != 0) c.partitions = 1;
+  c.pipeline("interleaved");
+  if (n() % 2 != 0) c.partitions(1);
   smp::init(c);
   if (smp::mp_size() < 2) GTEST_SKIP() << "needs an even world (2 stages), running at " << n();
   row<smp::UsageError>(
@@ -908,7 +908,7 @@ TEST(BadInput, PipelineFewerLayersThanStages) {
 
 TEST(BadInput, PipelineBatchesDiffer) {
   smp::Config c = partitions(n());
-  c.pipeline = "simple";
+  c.pipeline("simple");
   smp::init(c);
   torch::manual_seed(7);
   smp::DistributedModel model(testing::build_model({false, {4, 6, 6, 6, 6, 3}, 3}));

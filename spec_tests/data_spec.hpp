@@ -46,7 +46,7 @@ std::vector<DataExample> data_examples();
 
 namespace partita::spec {
 
-// DESIGN.md's AllGather and ReduceScatter on P_x = 2x2 over workers 0-3
+// docs/design.md's AllGather and ReduceScatter on P_x = 2x2 over workers 0-3
 // along partition dimension 1 (teams {0,1} and {2,3}), tensor dimension 0,
 // with arange inputs: written out number by number.
 //  - all-gather of x_w = arange(6).reshape(2,3) + 1000w: workers 0 and 1 get

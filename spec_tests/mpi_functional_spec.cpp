@@ -103,7 +103,7 @@ class Functional : public ::testing::TestWithParam<at::ScalarType> {
 TEST_P(Functional, BroadcastAndSumReduce) {
   const Grid g = grid();
   const auto row = cartesian(g.last_row, {1, g.m}), full = cartesian(g.all, {g.k, g.m});
-  const Options o{false, false, true};
+  const auto o = Options().preserve_batch(true);
   const at::Tensor xb = row.active() ? random({3, 4}, 1, GetParam()) : at::zeros({0}, GetParam());
   nn::Broadcast b(row, full, o);
   const F::BroadcastPlan pb(row, full, o);
@@ -138,7 +138,7 @@ TEST_P(Functional, AllGatherAndReduceScatter) {
               [&](const at::Tensor& v) { return F::AllGatherFunction::apply(v, ag->plan()); });
 
   // DistDL's form with scale_backward.
-  const GatherAxes keep{std::nullopt, std::vector<int>{0}, {1}};
+  const auto keep = GatherAxes().axes_keep(std::vector<int>{0}).scale_backward({1});
   const at::Tensor xk = random({2, 3}, 5, GetParam());
   nn::AllGather ak(full, keep);
   const F::AllGatherPlan pk(full, keep);

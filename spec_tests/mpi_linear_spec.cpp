@@ -29,7 +29,7 @@ mpi::CartesianPartition cartesian(const Ranks& ranks, const Shape& shape) {
   return mpi::Partition::world().create_partition_inclusive(ranks).create_cartesian_topology_partition(shape);
 }
 
-// This rank's block of a global tensor decomposed over P (DESIGN.md's
+// This rank's block of a global tensor decomposed over P (docs/design.md's
 // balanced rule in every dimension); zero-volume outside P.
 at::Tensor block_of(const at::Tensor& global, const mpi::Partition& P) {
   if (!P.active()) return at::zeros({0}, global.options());
@@ -85,16 +85,16 @@ Built build(const Config& c, nn::LinearOptions o) {
   const mpi::Partition& second = c.separate ? other : none;
   switch (c.kind) {
     case Kind::AllGather:
-      b.layer = nn::DistributedLinearAllGather(P, c.in, c.out, o, second).ptr();
+      b.layer = nn::DistributedLinearAllGather(second, P, c.in, c.out, o).ptr();
       break;
     case Kind::AllGatherZero:
-      b.layer = nn::DistributedLinearAllGatherZero(P, c.in, c.out, o, second).ptr();
+      b.layer = nn::DistributedLinearAllGatherZero(second, P, c.in, c.out, o).ptr();
       break;
     case Kind::ReduceScatter:
-      b.layer = nn::DistributedLinearReduceScatter(P, c.in, c.out, o, second).ptr();
+      b.layer = nn::DistributedLinearReduceScatter(P, second, c.in, c.out, o).ptr();
       break;
     default:
-      b.layer = nn::DistributedLinearReduceScatterZero(P, c.in, c.out, o, second).ptr();
+      b.layer = nn::DistributedLinearReduceScatterZero(P, second, c.in, c.out, o).ptr();
       break;
   }
   const bool gather = c.kind == Kind::AllGather || c.kind == Kind::AllGatherZero;
@@ -199,7 +199,7 @@ class MpiLinear : public ::testing::TestWithParam<Config> {
 TEST_P(MpiLinear, GatheredParametersGiveTorchLinear) {
   const Config& c = GetParam();
   torch::manual_seed(100 + mpi::world_rank());  // each owner its own block
-  Built b = build(c, {true, at::kDouble});
+  Built b = build(c, nn::LinearOptions().bias(true).dtype(at::kDouble));
   torch::nn::Linear global = b.layer->gather_parameters();
   // Ranks that own no parameters still run torch's layer: give them the
   // same one by seeding its creation identically (only for the comparison).
@@ -220,7 +220,7 @@ TEST_P(MpiLinear, ScatteredTorchLinearGivesTheSameOutputs) {
       torch::manual_seed(7);  // the same global layer on every rank
       torch::nn::Linear global(torch::nn::LinearOptions(c.in, c.out).bias(bias));
       global->to(dtype);
-      Built b = build(c, {bias, dtype});
+      Built b = build(c, nn::LinearOptions().bias(bias).dtype(dtype));
       b.layer->scatter_parameters(global);
       bool ok = true;
       const auto back = b.layer->gather_parameters();
@@ -242,7 +242,7 @@ TEST_P(MpiLinear, ScatteredTorchLinearGivesTheSameOutputs) {
 TEST_P(MpiLinear, AdjointIdentityInXAndW) {
   const Config& c = GetParam();
   torch::manual_seed(31 + mpi::world_rank());
-  Built b = build(c, {false, at::kDouble});
+  Built b = build(c, nn::LinearOptions().bias(false).dtype(at::kDouble));
   const at::Tensor x =
       (b.P_x.active() ? block_of(torch::randn(c.x_global, at::kDouble), b.P_x) : at::zeros({0}, at::kDouble))
           .requires_grad_();
@@ -277,7 +277,7 @@ TEST_P(MpiLinear, SgdFollowsTorchLinear) {
   y_shape.back() = c.out;
   const at::Tensor target = torch::randn(y_shape, at::kDouble);
   const double n = static_cast<double>(target.numel());
-  Built b = build(c, {true, at::kDouble});
+  Built b = build(c, nn::LinearOptions().bias(true).dtype(at::kDouble));
   b.layer->scatter_parameters(global);
   const double lr = 0.1;
   torch::optim::SGD reference(global->parameters(), lr), distributed(b.layer->parameters(), lr);
@@ -415,7 +415,7 @@ TEST_P(MpiLinear, DistDLParametersRoundTrip) {
       global->weight.copy_(W);
       if (bias) global->bias.copy_(b);
     }
-    Built built = build(c, {bias, at::kDouble});
+    Built built = build(c, nn::LinearOptions().bias(bias).dtype(at::kDouble));
     built.layer->scatter_parameters(global);
     const DistDLExpected want = distdl_expected(c, W, b, bias);
     const nn::DistDLParameters got = built.layer->to_distdl();
@@ -426,7 +426,7 @@ TEST_P(MpiLinear, DistDLParametersRoundTrip) {
       why += "distdl_weight_shape; ";
 
     torch::manual_seed(500 + mpi::world_rank());  // other parameters to overwrite
-    Built fresh = build(c, {bias, at::kDouble});
+    Built fresh = build(c, nn::LinearOptions().bias(bias).dtype(at::kDouble));
     fresh.layer->from_distdl({want.weight, want.bias});
     const auto back = fresh.layer->gather_parameters();
     if (!back.is_empty() &&
@@ -444,7 +444,7 @@ TEST_P(MpiLinear, DistDLParametersRoundTrip) {
 // worker of the layer, naming it.
 TEST_P(MpiLinear, DistDLParametersThatDoNotFit) {
   const Config& c = GetParam();
-  Built built = build(c, {true, at::kDouble});
+  Built built = build(c, nn::LinearOptions().bias(true).dtype(at::kDouble));
   nn::DistDLParameters p = built.layer->to_distdl();
   const int last = volume(c.P) - 1;  // every layer here has a weight block there
   if (mpi::world_rank() == last) p.weight = at::zeros({p.weight.numel() + 1}, at::kDouble);
@@ -488,24 +488,23 @@ TEST(MpiLinearErrors, PartitionsThatDoNotFit) {
       [&] { nn::DistributedLinear(P_x, P_y, cartesian(range(0, 4), {2, 2}), 8, 4); }, "P_y must be 1 x P_fout", true);
   // All-gather: P_y must be D x 1 x M.
   expect_error_everywhere<PartitionError>(
-      [&] { nn::DistributedLinearAllGather(cartesian(range(0, 4), {1, 2, 2}), 8, 4); }, "D x ... x 1 x M", true);
+      [&] { nn::DistributedLinearAllGather(mpi::Partition(), cartesian(range(0, 4), {1, 2, 2}), 8, 4); }, "D x ... x 1 x M", true);
   // Reduce-scatter's P_y must be P_x's shape with the last two swapped.
   expect_error_everywhere<PartitionError>(
       [&] {
-        nn::DistributedLinearReduceScatter(cartesian(range(0, 4), {2, 1, 2}), 8, 4, nn::LinearOptions{},
-                                           cartesian(range(0, 4), {1, 2, 2}));
+        nn::DistributedLinearReduceScatter(cartesian(range(0, 4), {2, 1, 2}), cartesian(range(0, 4), {1, 2, 2}), 8, 4, nn::LinearOptions{});
       },
       "P_y must be P_x's workers", true);
   // Fewer output features than model-parallel workers.
   expect_error_everywhere<PartitionError>(
-      [&] { nn::DistributedLinearAllGather(cartesian(range(0, 4), {1, 1, 4}), 8, 3); }, "at least M", true);
+      [&] { nn::DistributedLinearAllGather(mpi::Partition(), cartesian(range(0, 4), {1, 1, 4}), 8, 3); }, "at least M", true);
   // ZeRO-3 needs a data-parallel axis.
   expect_error_everywhere<PartitionError>(
-      [&] { nn::DistributedLinearReduceScatterZero(cartesian(range(0, 4), {1, 4}), 8, 4); },
+      [&] { nn::DistributedLinearReduceScatterZero(cartesian(range(0, 4), {1, 4}), mpi::Partition(), 8, 4); },
       "data-parallel axis", true);
   // Ranks passing different feature counts.
   expect_error_everywhere<PartitionError>(
-      [&] { nn::DistributedLinearReduceScatter(cartesian(range(0, 4), {2, 1, 2}), 8 + (mpi::world_rank() == 1), 4); },
+      [&] { nn::DistributedLinearReduceScatter(cartesian(range(0, 4), {2, 1, 2}), mpi::Partition(), 8 + (mpi::world_rank() == 1), 4); },
       "different arguments", true);
 }
 
@@ -514,7 +513,7 @@ TEST(MpiLinearErrors, InputsThatDoNotFit) {
   if (n < 2) GTEST_SKIP() << "needs 2 ranks, running at 1";
   const int me = mpi::world_rank();
   const auto P = cartesian({0, 1}, {1, 1, 2});
-  nn::DistributedLinearAllGather ag(P, 8, 4);
+  nn::DistributedLinearAllGather ag(mpi::Partition(), P, 8, 4);
   // in_features 8 over 2 workers: 4 each; rank 1 passes 5.
   expect_error_everywhere<ShapeError>([&] { ag(at::randn({2, 3, me == 1 ? 5 : 4})); }, "should have 4 features",
                                       me < 2);
@@ -524,7 +523,7 @@ TEST(MpiLinearErrors, InputsThatDoNotFit) {
   nn::DistributedLinear general(cartesian({0, 1}, {1, 2}), cartesian({1}, {1, 1}), cartesian({0, 1}, {1, 2}), 6, 2);
   expect_error_everywhere<ShapeError>([&] { general(me < 2 ? at::randn({2, me == 0 ? 3 : 4}) : at::zeros({0})); },
                                       "should have 3 features", me < 2);
-  nn::DistributedLinearReduceScatter rs(P, 8, 4);
+  nn::DistributedLinearReduceScatter rs(P, mpi::Partition(), 8, 4);
   expect_error_everywhere<ShapeError>(
       [&] { rs->scatter_parameters(torch::nn::Linear(torch::nn::LinearOptions(8, 5))); }, "the layer is (8, 4",
       me < 2);

@@ -34,7 +34,7 @@ TEST_P(MpiData, ForwardAndAdjointMatchTheSeed) {
   const int me = mpi::world_rank();
   const auto px = cartesian(e.px_ranks, e.px_shape);
   at::Tensor x = (px.active() ? arange_input(me, e.local_shape) : at::zeros({0}, at::kDouble)).requires_grad_();
-  Options o{e.transpose_src, e.transpose_dest, e.preserve_batch};
+  const auto o = Options().transpose_src(e.transpose_src).transpose_dest(e.transpose_dest).preserve_batch(e.preserve_batch);
   at::Tensor y;
   if (e.primitive == "all_sum_reduce") {
     nn::AllSumReduce layer(px, e.axes);
@@ -258,10 +258,10 @@ TEST(MpiGather, DistDLAxesKeepAndScaleBackwardOn2x2) {
         .requires_grad_();
   };
   bool ok = true;
-  nn::AllGather row(px, GatherAxes{std::vector<int>{1}, std::nullopt, {}});
-  nn::AllGather keep(px, GatherAxes{std::nullopt, std::vector<int>{0}, {}});
-  nn::AllGather all(px, GatherAxes{std::vector<int>{0, 1}, std::nullopt, {}});
-  nn::AllGather scaled(px, GatherAxes{std::vector<int>{0, 1}, std::nullopt, {0, 1}});
+  nn::AllGather row(px, GatherAxes().axes(std::vector<int>{1}));
+  nn::AllGather keep(px, GatherAxes().axes_keep(std::vector<int>{0}));
+  nn::AllGather all(px, GatherAxes().axes(std::vector<int>{0, 1}));
+  nn::AllGather scaled(px, GatherAxes().axes(std::vector<int>{0, 1}).scale_backward({0, 1}));
   const auto x1 = input(), x2 = input(), x3 = input(), x4 = input();
   const auto y_row = row(x1), y_keep = keep(x2), y_all = all(x3), y_scaled = scaled(x4);
   const auto gy = px.active() ? at::ones({2, 2}, at::kDouble) : at::zeros({0}, at::kDouble);
@@ -281,7 +281,7 @@ TEST(MpiGather, DistDLAxesKeepAndScaleBackwardOn2x2) {
   }
   EXPECT_TRUE(at::equal(gy, gy_before)) << "the caller's gradient was modified";
 
-  nn::ReduceScatter scatter(px, GatherAxes{std::vector<int>{0, 1}, std::nullopt, {}});
+  nn::ReduceScatter scatter(px, GatherAxes().axes(std::vector<int>{0, 1}));
   const auto s = scatter(px.active() ? torch::tensor({{1.0, 2.0}, {3.0, 4.0}}, at::kDouble) * (me + 1)
                                      : at::zeros({0}, at::kDouble));
   if (px.active()) {
@@ -299,11 +299,11 @@ TEST(MpiGather, DistDLAxesKeepAndScaleBackwardOn2x2) {
     }
     return false;
   };
-  EXPECT_TRUE(raises([&] { nn::AllGather(px, GatherAxes{}); }));
-  EXPECT_TRUE(raises([&] { nn::AllGather(px, GatherAxes{std::vector<int>{0}, std::vector<int>{1}, {}}); }));
-  EXPECT_TRUE(raises([&] { nn::AllGather(px, GatherAxes{std::vector<int>{2}, std::nullopt, {}}); }));
-  EXPECT_TRUE(raises([&] { nn::AllGather(px, GatherAxes{std::vector<int>{1, 1}, std::nullopt, {}}); }));
-  EXPECT_TRUE(raises([&] { nn::ReduceScatter(px, GatherAxes{std::vector<int>{0}, std::nullopt, {0}}); }));
+  EXPECT_TRUE(raises([&] { nn::AllGather(px, GatherAxes()); }));
+  EXPECT_TRUE(raises([&] { nn::AllGather(px, GatherAxes().axes(std::vector<int>{0}).axes_keep(std::vector<int>{1})); }));
+  EXPECT_TRUE(raises([&] { nn::AllGather(px, GatherAxes().axes(std::vector<int>{2})); }));
+  EXPECT_TRUE(raises([&] { nn::AllGather(px, GatherAxes().axes(std::vector<int>{1, 1})); }));
+  EXPECT_TRUE(raises([&] { nn::ReduceScatter(px, GatherAxes().axes(std::vector<int>{0}).scale_backward({0})); }));
   EXPECT_TRUE(agreed(ok));
 }
 

@@ -94,9 +94,9 @@ const std::vector<Table3> kTables3 = {
 
 smp::Config config3(int pp, int tp, int microbatches = 1) {
   smp::Config c;
-  c.partitions = pp;
-  c.tensor_parallel_degree = tp;
-  c.microbatches = microbatches;
+  c.partitions(pp);
+  c.tensor_parallel_degree(tp);
+  c.microbatches(microbatches);
   return c;
 }
 
@@ -221,13 +221,13 @@ TEST(Smp3dLayout, EveryRankReportsItsRow) {
 
 TEST(Smp3dConfig, ParsesAndPrintsTheDegree) {
   const auto c = smp::Config::from_json(R"({"partitions": 2, "tensor_parallel_degree": 4})");
-  EXPECT_EQ(c.partitions, 2);
-  EXPECT_EQ(c.tensor_parallel_degree, 4);
+  EXPECT_EQ(c.partitions(), 2);
+  EXPECT_EQ(c.tensor_parallel_degree(), 4);
   EXPECT_EQ(c.mp_size(), 8);
-  EXPECT_EQ(smp::Config::from_json(c.to_json()).tensor_parallel_degree, 4);
+  EXPECT_EQ(smp::Config::from_json(c.to_json()).tensor_parallel_degree(), 4);
   // Default 1, and a configuration without it prints as before the field existed.
   const auto d = smp::Config::from_json(R"({"partitions": 2})");
-  EXPECT_EQ(d.tensor_parallel_degree, 1);
+  EXPECT_EQ(d.tensor_parallel_degree(), 1);
   EXPECT_EQ(d.mp_size(), 2);
   EXPECT_EQ(d.to_json(), R"({"partitions": 2, "microbatches": 1, "pipeline": "interleaved", "ddp": true})");
   using smp::Config;
@@ -247,7 +247,7 @@ TEST(Smp3dConfig, ParsesAndPrintsTheDegree) {
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { config3(4, 4).validate(8); }),
                   "not divisible into model replicas of 4 partitions x tensor_parallel_degree 4 = 16 processes");
   smp::Config off = config3(2, 2);
-  off.ddp = false;
+  off.ddp(false);
   EXPECT_CONTAINS(raised<smp::ConfigError>([&] { off.validate(8); }),
                   "with ddp off the world must be exactly one model replica of 2 partitions x "
                   "tensor_parallel_degree 2 = 4 processes (dp_size 2 needs ddp on)");

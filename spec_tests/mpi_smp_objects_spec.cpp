@@ -48,7 +48,7 @@ std::vector<int> partition_counts(int n) {
 
 void init_partitions(int p) {
   smp::Config c;
-  c.partitions = p;
+  c.partitions(p);
   smp::init(c);
 }
 

@@ -12,12 +12,17 @@
 #include <cstdlib>
 #include <fstream>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 #include "expect_raises.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp.hpp"
 #include "partita/smp/communicators.hpp"
 #include "partita/smp/message.hpp"
+#include "partita/smp/step.hpp"
+#include "partita/nn/linear.hpp"
+#include "partita/options.hpp"
 
 namespace partita::spec {
 namespace {
@@ -100,8 +105,8 @@ const std::vector<Table> kTables = {
 
 smp::Config with_partitions(int p, int microbatches = 1) {
   smp::Config c;
-  c.partitions = p;
-  c.microbatches = microbatches;
+  c.partitions(p);
+  c.microbatches(microbatches);
   return c;
 }
 
@@ -193,32 +198,88 @@ TEST(SmpLayout, LocalRankMatchesTheLauncher) {
 
 TEST(SmpConfig, ParsesEveryField) {
   const auto c = smp::Config::from_json(R"({"partitions": 2, "microbatches": 4, "pipeline": "simple", "ddp": false})");
-  EXPECT_EQ(c.partitions, 2);
-  EXPECT_EQ(c.microbatches, 4);
-  EXPECT_EQ(c.pipeline, "simple");
-  EXPECT_FALSE(c.ddp);
+  EXPECT_EQ(c.partitions(), 2);
+  EXPECT_EQ(c.microbatches(), 4);
+  EXPECT_EQ(c.pipeline(), "simple");
+  EXPECT_FALSE(c.ddp());
   const auto d = smp::Config::from_json("{}");
-  EXPECT_EQ(d.partitions, 1);
-  EXPECT_EQ(d.microbatches, 1);
-  EXPECT_EQ(d.pipeline, "interleaved");
-  EXPECT_TRUE(d.ddp);
+  EXPECT_EQ(d.partitions(), 1);
+  EXPECT_EQ(d.microbatches(), 1);
+  EXPECT_EQ(d.pipeline(), "interleaved");
+  EXPECT_TRUE(d.ddp());
   EXPECT_EQ(smp::Config::from_json(c.to_json()).to_json(), c.to_json());
-  EXPECT_EQ(d.virtual_pipeline_model_parallel_size, 1);
+  EXPECT_EQ(d.virtual_pipeline_model_parallel_size(), 1);
   // Virtual stages (issue 31): Megatron-LM's name, written only when not 1.
   const auto v = smp::Config::from_json(
       R"({"partitions": 2, "microbatches": 4, "pipeline": "interleaved_virtual", "virtual_pipeline_model_parallel_size": 3})");
-  EXPECT_EQ(v.pipeline, "interleaved_virtual");
-  EXPECT_EQ(v.virtual_pipeline_model_parallel_size, 3);
-  EXPECT_EQ(smp::Config::from_json(v.to_json()).virtual_pipeline_model_parallel_size, 3);
+  EXPECT_EQ(v.pipeline(), "interleaved_virtual");
+  EXPECT_EQ(v.virtual_pipeline_model_parallel_size(), 3);
+  EXPECT_EQ(smp::Config::from_json(v.to_json()).virtual_pipeline_model_parallel_size(), 3);
   EXPECT_EQ(c.to_json().find("virtual"), std::string::npos);
   EXPECT_CONTAINS(raised<smp::ConfigError>([] {
                     smp::Config::from_json(R"({"virtual_pipeline_model_parallel_size": 0})", "cfg");
                   }),
                   "cfg: field \"virtual_pipeline_model_parallel_size\": expected a positive integer, got 0");
   smp::Config no_virtual;
-  no_virtual.virtual_pipeline_model_parallel_size = 2;
+  no_virtual.virtual_pipeline_model_parallel_size(2);
   EXPECT_CONTAINS(raised<smp::ConfigError>([&] { no_virtual.validate(1); }),
                   "virtual_pipeline_model_parallel_size 2 needs the pipeline \"interleaved_virtual\"");
+}
+
+// Config and the options take LibTorch-style setters; a braced list is no
+// longer an aggregate initialisation that could land a value in another
+// field (smp::init({2, 4}) once set tensor_parallel_degree to 4).
+static_assert(!std::is_aggregate_v<smp::Config> && !std::is_constructible_v<smp::Config, int, int>,
+              "smp::Config must not take a positional braced list");
+static_assert(!std::is_aggregate_v<Options> && !std::is_constructible_v<Options, bool, bool, bool>,
+              "partita::Options must not take a positional braced list");
+static_assert(!std::is_aggregate_v<nn::LinearOptions> && !std::is_constructible_v<nn::LinearOptions, bool>,
+              "nn::LinearOptions must not take a positional braced list");
+static_assert(!std::is_aggregate_v<smp::StepOptions> && !std::is_aggregate_v<GatherAxes>,
+              "the options structs must not take a positional braced list");
+
+TEST(SmpConfig, SettersChainAndNameEachField) {
+  const auto c = smp::Config().partitions(2).microbatches(4);
+  EXPECT_EQ(c.partitions(), 2);
+  EXPECT_EQ(c.microbatches(), 4);
+  EXPECT_EQ(c.tensor_parallel_degree(), 1);  // not the second value given
+  const auto d = smp::Config().tensor_parallel_degree(2).partitions(3).ddp(false).pipeline("simple");
+  EXPECT_EQ(d.to_json(),
+            R"({"partitions": 3, "tensor_parallel_degree": 2, "microbatches": 1, "pipeline": "simple", "ddp": false})");
+  smp::Config e;
+  e.microbatches() = 5;  // the getter gives the field, as LibTorch's options do
+  EXPECT_EQ(e.microbatches(), 5);
+  EXPECT_EQ(nn::LinearOptions().bias(false).dtype(at::kDouble).dtype(), at::kDouble);
+  EXPECT_FALSE(nn::LinearOptions().bias(false).bias());
+  EXPECT_TRUE(Options().preserve_batch());
+  EXPECT_EQ(Options().shapes(Shapes::kStatic).transpose_src(true).shapes(), Shapes::kStatic);
+}
+
+// torch.distributed.pipelining's names beside smp's (either case), stored as
+// smp's; smp's "interleaved" is plain 1F1B, torch's Interleaved1F1B is
+// smp's interleaved_virtual.
+TEST(SmpConfig, TorchScheduleNamesAreSmpNames) {
+  const std::pair<const char*, const char*> names[] = {
+      {"1F1B", "interleaved"},       {"1f1b", "interleaved"},           {"interleaved", "interleaved"},
+      {"GPipe", "simple"},           {"gpipe", "simple"},               {"simple", "simple"},
+      {"ZBH1", "zero_bubble"},       {"zb_h1", "zero_bubble"},          {"zero_bubble", "zero_bubble"},
+      {"Interleaved1F1B", "interleaved_virtual"}, {"interleaved_1f1b", "interleaved_virtual"},
+      {"interleaved_virtual", "interleaved_virtual"}};
+  for (const auto& [given, smp_name] : names) {
+    EXPECT_EQ(smp::Config().pipeline(given).pipeline(), smp_name) << given;
+    EXPECT_EQ(smp::Config::from_json(std::string(R"({"pipeline": ")") + given + R"("})").pipeline(), smp_name)
+        << given;
+    EXPECT_EQ(smp::canonical_pipeline(given), smp_name) << given;
+  }
+  EXPECT_EQ(smp::canonical_pipeline("Interleaved"), "interleaved");
+  EXPECT_EQ(smp::canonical_pipeline("1F2B"), "");
+  EXPECT_EQ(smp::canonical_pipeline(""), "");
+  // A name neither knows is kept and refused by validate.
+  const auto bad = smp::Config().pipeline("LoopedBFS");
+  EXPECT_EQ(bad.pipeline(), "LoopedBFS");
+  EXPECT_CONTAINS(raised<smp::ConfigError>([&] { bad.validate(1); }), "unknown pipeline \"LoopedBFS\"");
+  const auto virt = smp::Config().partitions(1).pipeline("Interleaved1F1B").virtual_pipeline_model_parallel_size(2);
+  EXPECT_NO_THROW(virt.validate(mpi::world_size()));
 }
 
 TEST(SmpConfig, BadJsonNamesTheField) {
@@ -228,7 +289,8 @@ TEST(SmpConfig, BadJsonNamesTheField) {
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"partitions": "2"})", "cfg"); }),
                   "cfg: field \"partitions\": expected a positive integer, got \"2\"");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"pipeline": "zigzag"})", "cfg"); }),
-                  "cfg: field \"pipeline\": expected \"interleaved\", \"simple\", \"zero_bubble\" or \"interleaved_virtual\", got \"zigzag\"");
+                  "cfg: field \"pipeline\": expected \"interleaved\" (or \"1F1B\"), \"simple\" (or \"GPipe\"), "
+                  "\"zero_bubble\" (or \"ZBH1\") or \"interleaved_virtual\" (or \"Interleaved1F1B\"), got \"zigzag\"");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"ddp": 1})", "cfg"); }),
                   "cfg: field \"ddp\": expected a boolean, got 1");
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { Config::from_json(R"({"partition": 2})", "cfg"); }),
@@ -246,10 +308,10 @@ TEST(SmpConfig, ValidateAgainstTheWorld) {
   EXPECT_CONTAINS(raised<smp::ConfigError>([] { with_partitions(2, 0).validate(8); }),
                   "microbatches must be at least 1");
   smp::Config c = with_partitions(2);
-  c.pipeline = "zigzag";
+  c.pipeline("zigzag");
   EXPECT_CONTAINS(raised<smp::ConfigError>([&] { c.validate(8); }), "unknown pipeline \"zigzag\"");
   c = with_partitions(2);
-  c.ddp = false;
+  c.ddp(false);
   EXPECT_CONTAINS(raised<smp::ConfigError>([&] { c.validate(8); }),
                   "with ddp off the world must be exactly the 2 partitions (dp_size 4 needs ddp on)");
   c.validate(2);
@@ -291,8 +353,8 @@ TEST(SmpConfig, FromFileAndEnvironment) {
   }
   smp::init_from_file(path);
   EXPECT_EQ(smp::mp_size(), p);
-  EXPECT_EQ(smp::config().microbatches, 3);
-  EXPECT_EQ(smp::config().pipeline, "simple");
+  EXPECT_EQ(smp::config().microbatches(), 3);
+  EXPECT_EQ(smp::config().pipeline(), "simple");
   {
     std::ofstream f(path);
     f << (me == 0 ? "{\"partitions\": 1, \"microbatch\": 3}" : "{}");
@@ -307,11 +369,12 @@ TEST(SmpConfig, FromFileAndEnvironment) {
   smp::init();
   EXPECT_EQ(smp::mp_size(), n);
   EXPECT_EQ(smp::dp_size(), 1);
-  EXPECT_FALSE(smp::config().ddp);
+  EXPECT_FALSE(smp::config().ddp());
   setenv(smp::kConfigVariable, me == n - 1 ? "{\"pipeline\": 7}" : "{}", 1);
   EXPECT_CONTAINS(raised<smp::ConfigError>([&] { smp::init(); }),
                   "smp::init: rank " + std::to_string(n - 1) +
-                      ": $PARTITA_SMP_CONFIG: field \"pipeline\": expected \"interleaved\", \"simple\", \"zero_bubble\" or \"interleaved_virtual\", got 7");
+                      ": $PARTITA_SMP_CONFIG: field \"pipeline\": expected \"interleaved\" (or \"1F1B\"), \"simple\" (or "
+                      "\"GPipe\"), \"zero_bubble\" (or \"ZBH1\") or \"interleaved_virtual\" (or \"Interleaved1F1B\"), got 7");
   unsetenv(smp::kConfigVariable);
   smp::init();
   EXPECT_EQ(smp::mp_size(), 1);

@@ -98,7 +98,7 @@ std::vector<Case> cases() {
   c.push_back({"broadcast",
                [all](auto shapes) {
                  Options o;
-                 o.shapes = shapes(rank());
+                 o.shapes(shapes(rank()));
                  const F::BroadcastPlan p(row({0}), row(all), o);
                  return Layer([p](const at::Tensor& x) { return F::broadcast(x, p); });
                },
@@ -111,7 +111,7 @@ std::vector<Case> cases() {
   c.push_back({"sum_reduce",
                [all](auto shapes) {
                  Options o;
-                 o.shapes = shapes(rank());
+                 o.shapes(shapes(rank()));
                  const F::SumReducePlan p(row(all), row({0}), o);
                  return Layer([p](const at::Tensor& x) { return F::sum_reduce(x, p); });
                },

@@ -70,8 +70,8 @@ std::vector<int> partition_counts() {
 
 void init(int partitions, const std::string& pipeline) {
   smp::Config cfg;
-  cfg.partitions = partitions;
-  cfg.pipeline = pipeline;
+  cfg.partitions(partitions);
+  cfg.pipeline(pipeline);
   smp::init(cfg);
 }
 
@@ -154,7 +154,7 @@ TEST(Pipeline, EveryStageReturnsTheLastStagesOutputs) {
     torch::nn::Sequential ref = testing::build_model(mlp());
     smp::DistributedModel model(net);
     smp::StepOptions o;
-    o.microbatches = 4;
+    o.microbatches(4);
     auto eval = smp::step([&](at::Tensor x) { return model(x); }, o);  // forward only
     torch::manual_seed(5);
     const at::Tensor x = torch::randn({8, 6}, torch::kDouble);
@@ -287,9 +287,9 @@ TEST(Pipeline, UserSchedulesAreVerifiedBeforeTheFirstMessage) {
 
 void init_virtual(int partitions, int v) {
   smp::Config cfg;
-  cfg.partitions = partitions;
-  cfg.pipeline = "interleaved_virtual";
-  cfg.virtual_pipeline_model_parallel_size = v;
+  cfg.partitions(partitions);
+  cfg.pipeline("interleaved_virtual");
+  cfg.virtual_pipeline_model_parallel_size(v);
   smp::init(cfg);
 }
 
@@ -412,8 +412,8 @@ TEST(PipelineErrors, VirtualStagesTheModelOrScheduleCannotTake) {
   }
   // v > 1 with a schedule that has no virtual stages.
   smp::Config cfg;
-  cfg.partitions = 2;
-  cfg.virtual_pipeline_model_parallel_size = 2;
+  cfg.partitions(2);
+  cfg.virtual_pipeline_model_parallel_size(2);
   EXPECT_CONTAINS(raised<smp::ConfigError>([&] { smp::init(cfg); }),
                   "virtual_pipeline_model_parallel_size 2 needs the pipeline \"interleaved_virtual\"");
 }
@@ -586,7 +586,7 @@ TEST(PipelineErrors, ReturnValueMustDependOnTheModelOutput) {
     init(p, "interleaved");
     smp::DistributedModel model(testing::build_model(mlp()));
     smp::StepOptions o;
-    o.microbatches = 2;
+    o.microbatches(2);
     auto bad = smp::step(
         [&](at::Tensor x, at::Tensor y) {
           at::Tensor loss = torch::mse_loss(model(x), y);
@@ -638,7 +638,7 @@ TEST(PipelineErrors, MisuseInsideTheStep) {
     init(p, "interleaved");
     smp::DistributedModel model(testing::build_model(mlp()));
     smp::StepOptions o;
-    o.microbatches = 2;
+    o.microbatches(2);
     const at::Tensor x = torch::randn({4, 6}, torch::kDouble), y = torch::randn({4, 4}, torch::kDouble);
     auto twice = smp::step(
         [&](at::Tensor x, at::Tensor y) {
@@ -820,7 +820,7 @@ TEST(PipelineErrors, StepFunctionFailsOnOneStage) {
       const int failing = where == 0 ? (n > 2 ? 1 : 0) : n - 1;
       const int mb = where == 0 ? 0 : 2;
       smp::StepOptions o;
-      o.microbatches = 4;
+      o.microbatches(4);
       auto train = smp::step(
           [&](at::Tensor x, at::Tensor y) {
             const bool trip = smp::mp_rank() == failing && smp::microbatch() == mb;
@@ -863,7 +863,7 @@ TEST(PipelineErrors, ModelInputOfAnotherShapeOnOneStage) {
     init(n, pipeline);
     smp::DistributedModel model(testing::build_model(mlp()));
     smp::StepOptions o;
-    o.microbatches = 2;
+    o.microbatches(2);
     auto train = smp::step(
         [&](at::Tensor x, at::Tensor y) {
           const at::Tensor in = smp::mp_rank() == 1 ? x.narrow(0, 0, 1) : x;  // stage 1 drops a row

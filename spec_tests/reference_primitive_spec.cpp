@@ -18,7 +18,7 @@ TEST_P(ReferenceData, ForwardAndAdjointMatchTheSeed) {
   reference::Tensors x(e.world);
   for (int w = 0; w < e.world; ++w)
     x[w] = (px.active(w) ? arange_input(w, e.local_shape) : at::zeros({0}, at::kDouble)).requires_grad_();
-  Options o{e.transpose_src, e.transpose_dest, e.preserve_batch};
+  const auto o = Options().transpose_src(e.transpose_src).transpose_dest(e.transpose_dest).preserve_batch(e.preserve_batch);
   reference::Tensors y;
   if (e.primitive == "all_sum_reduce") {
     y = reference::all_sum_reduce(px, e.axes, x);

@@ -52,9 +52,9 @@ TEST(SmpStep, SplitsNestedInputsAndUserTypes) {
   std::vector<std::tuple<int, int, int64_t>> calls;
   const Custom c{at::arange(6, at::kDouble).reshape({2, 3}), &calls};
   smp::StepOptions o;
-  o.microbatches = 2;
-  o.arg_names = {"x", "v", "m", "t", "k", "c"};
-  o.input_split_axes = {{"c", 1}};  // the custom type is split along its axis 1
+  o.microbatches(2);
+  o.arg_names({"x", "v", "m", "t", "k", "c"});
+  o.input_split_axes({{"c", 1}});  // the custom type is split along its axis 1
   std::vector<int> seen_mb;
   auto f = smp::step(
       [&](at::Tensor xs, std::vector<at::Tensor> vs, std::map<std::string, at::Tensor> ms,
@@ -86,10 +86,10 @@ TEST(SmpStep, NonSplitInputsAndAxesByNameAndPosition) {
   const at::Tensor x = at::arange(8, at::kDouble).reshape({2, 4});
   const at::Tensor w = at::arange(6, at::kDouble);
   smp::StepOptions o;
-  o.microbatches = 4;
-  o.arg_names = {"x", "w"};
-  o.input_split_axes = {{"x", 1}};
-  o.non_split_inputs = {"w"};
+  o.microbatches(4);
+  o.arg_names({"x", "w"});
+  o.input_split_axes({{"x", 1}});
+  o.non_split_inputs({"w"});
   auto f = smp::step([&](at::Tensor xs, at::Tensor ws) {
     EXPECT_TRUE(same(xs, x.narrow(1, smp::microbatch(), 1)));
     EXPECT_TRUE(same(ws, w));
@@ -98,9 +98,9 @@ TEST(SmpStep, NonSplitInputsAndAxesByNameAndPosition) {
   EXPECT_TRUE(same(f(x, w).stack(), d({4, 6, 8, 10})));
 
   smp::StepOptions p;
-  p.microbatches = 2;
-  p.non_split_positions = {0};
-  p.split_axes_by_position = {{1, -1}};
+  p.microbatches(2);
+  p.non_split_positions({0});
+  p.split_axes_by_position({{1, -1}});
   auto g = smp::step([&](at::Tensor ws, at::Tensor xs) {
     EXPECT_TRUE(same(ws, w));
     EXPECT_TRUE(same(xs, x.narrow(1, 2 * smp::microbatch(), 2)));
@@ -111,29 +111,29 @@ TEST(SmpStep, NonSplitInputsAndAxesByNameAndPosition) {
 
 TEST(SmpStep, BadSplitsAreUsageErrors) {
   smp::StepOptions o;
-  o.microbatches = 2;
+  o.microbatches(2);
   auto id = [](at::Tensor t) { return t; };
   EXPECT_CONTAINS(raised<smp::UsageError>([&] { smp::step(id, o)(at::zeros({5, 2})); }),
                   "smp::step: argument 0 has batch size 5 along axis 0, which 2 microbatches do not divide");
   EXPECT_CONTAINS(raised<smp::UsageError>([&] { smp::step(id, o)(at::zeros({})); }),
                   "argument 0 has 0 dimensions, it cannot be split along axis 0");
-  o.arg_names = {"x"};
-  o.non_split_inputs = {"y"};
+  o.arg_names({"x"});
+  o.non_split_inputs({"y"});
   EXPECT_CONTAINS(raised<smp::UsageError>([&] { smp::step(id, o)(at::zeros({4})); }),
                   "non_split_inputs names \"y\", which is not in arg_names");
   smp::StepOptions p;
-  p.microbatches = 2;
-  p.split_axes_by_position = {{0, 3}};
+  p.microbatches(2);
+  p.split_axes_by_position({{0, 3}});
   EXPECT_CONTAINS(raised<smp::UsageError>([&] { smp::step(id, p)(at::zeros({4, 2})); }),
                   "argument 0 has 2 dimensions, it cannot be split along axis 3");
-  p.split_axes_by_position = {{1, 0}};
+  p.split_axes_by_position({{1, 0}});
   EXPECT_CONTAINS(raised<smp::UsageError>([&] { smp::step(id, p)(at::zeros({4, 2})); }),
                   "split_axes_by_position holds 1, the step has 1 arguments");
 }
 
 TEST(SmpStep, OutputsAreCollectedAndDetached) {
   smp::StepOptions o;
-  o.microbatches = 2;
+  o.microbatches(2);
   const at::Tensor w = at::ones({3}, at::kDouble).requires_grad_();
   auto f = [&](at::Tensor x) {
     at::Tensor y = x * w;
@@ -148,7 +148,7 @@ TEST(SmpStep, OutputsAreCollectedAndDetached) {
   EXPECT_TRUE(same(dict.at("y").concat(), x));
   EXPECT_EQ(sizes, (std::vector<int>{1, 1}));
   EXPECT_FALSE(sums.outputs()[0].requires_grad()) << "detach_outputs is on by default";
-  o.detach_outputs = false;
+  o.detach_outputs(false);
   const auto kept = smp::step(f, o)(x);
   EXPECT_TRUE(std::get<0>(kept).outputs()[1].requires_grad());
   std::get<0>(kept).reduce_sum().backward();
@@ -174,7 +174,7 @@ TEST(SmpStep, GradientAccumulationEqualsTheFullBatch) {
   const int n = mpi::world_size();
   for (int microbatches : {1, 2, 4}) {
     smp::Config c;
-    c.microbatches = microbatches;
+    c.microbatches(microbatches);
     smp::init(c);  // the step reads its microbatch count from the configuration
     auto full = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(reference->clone());
     auto split = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(reference->clone());

@@ -46,15 +46,15 @@ enum class Data { kInteger, kRandom };
 struct BlockImpl : torch::nn::Module {
   BlockImpl(const smp::StagePartitions& P, bool zero, Data data, at::ScalarType dtype = at::kDouble) : data(data) {
     nn::LinearOptions o;
-    o.dtype = dtype;
+    o.dtype(dtype);
     if (zero) {
-      up_zero = register_module("up", nn::DistributedLinearAllGatherZero(P.features, kHidden, kFfn, o, P.tokens));
-      down_zero = register_module("down", nn::DistributedLinearReduceScatterZero(P.features, kFfn, kHidden, o, P.tokens));
+      up_zero = register_module("up", nn::DistributedLinearAllGatherZero(P.tokens, P.features, kHidden, kFfn, o));
+      down_zero = register_module("down", nn::DistributedLinearReduceScatterZero(P.features, P.tokens, kFfn, kHidden, o));
       up = up_zero.ptr().get();
       down = down_zero.ptr().get();
     } else {
-      up_plain = register_module("up", nn::DistributedLinearAllGather(P.features, kHidden, kFfn, o, P.tokens));
-      down_plain = register_module("down", nn::DistributedLinearReduceScatter(P.features, kFfn, kHidden, o, P.tokens));
+      up_plain = register_module("up", nn::DistributedLinearAllGather(P.tokens, P.features, kHidden, kFfn, o));
+      down_plain = register_module("down", nn::DistributedLinearReduceScatter(P.features, P.tokens, kFfn, kHidden, o));
       up = up_plain.ptr().get();
       down = down_plain.ptr().get();
     }
@@ -168,14 +168,14 @@ void expect_same(const at::Tensor& got, const at::Tensor& want, Data data, const
 // Trains the 3-D model and the one-process model side by side.
 void train_and_compare(const Case& c) {
   smp::Config config;
-  config.partitions = c.pp;
-  config.tensor_parallel_degree = c.tp;
-  config.microbatches = kMicrobatches;
-  config.pipeline = c.schedule;
+  config.partitions(c.pp);
+  config.tensor_parallel_degree(c.tp);
+  config.microbatches(kMicrobatches);
+  config.pipeline(c.schedule);
   // Megatron's interleaved schedule: two model chunks (virtual stages) per
   // pipeline rank, stage g on pp rank g mod pp.
   const int v = c.schedule == "interleaved_virtual" && c.pp > 1 ? 2 : 1;
-  config.virtual_pipeline_model_parallel_size = c.schedule == "interleaved_virtual" ? 2 : 1;
+  config.virtual_pipeline_model_parallel_size(c.schedule == "interleaved_virtual" ? 2 : 1);
   smp::init(config);
   const std::string label = name_of(c);
   const int dp = smp::dp_size(), d = smp::dp_rank(), t = smp::tp_rank(), stage = smp::pp_rank();
@@ -314,8 +314,8 @@ TEST(ThreeD, BalancedSplitIsTheSameOnEveryRank) {
   const int n = mpi::world_size();
   if (n % 4 != 0 && n != 2) GTEST_SKIP() << "needs 2 stages and replicas";
   smp::Config config;
-  config.partitions = 2;
-  config.tensor_parallel_degree = n >= 8 ? 2 : 1;
+  config.partitions(2);
+  config.tensor_parallel_degree(n >= 8 ? 2 : 1);
   smp::init(config);
   std::vector<smp::StagePartitions> parts = {smp::stage_partitions(0), smp::stage_partitions(1)};
   torch::nn::Sequential seq;
@@ -409,10 +409,10 @@ std::string name_of(const VolumeCase& c) {
 // each step this rank's counts are compared with the formula.
 void check_volumes(int pp, int tp, int v) {
   smp::Config config;
-  config.partitions = pp;
-  config.tensor_parallel_degree = tp;
-  config.pipeline = v > 1 ? "interleaved_virtual" : "interleaved";
-  config.virtual_pipeline_model_parallel_size = v;
+  config.partitions(pp);
+  config.tensor_parallel_degree(tp);
+  config.pipeline(v > 1 ? "interleaved_virtual" : "interleaved");
+  config.virtual_pipeline_model_parallel_size(v);
   smp::init(config);
   const int dp = smp::dp_size();
   std::vector<smp::StagePartitions> parts;
@@ -444,7 +444,7 @@ void check_volumes(int pp, int tp, int v) {
         const VolumeCase c{pp, tp, schedule, layers, batch, tokens, m, dtype};
         smp::set_schedule(smp::build_schedule(schedule, pp, m, model.virtual_stages()));
         smp::StepOptions o;
-        o.microbatches = m;
+        o.microbatches(m);
         auto train = smp::step(
             [&](at::Tensor xb, at::Tensor yb) {
               at::Tensor loss = (model(xb) - yb).pow(2).sum();
@@ -492,8 +492,8 @@ TEST(ThreeD, BytesPerStepEqualTheFormula) {
 TEST(ThreeD, BadInputRaisesOnEveryRank) {
   const int n = mpi::world_size();
   smp::Config config;
-  config.partitions = n % 2 == 0 ? 2 : 1;
-  config.tensor_parallel_degree = n % 4 == 0 ? 2 : 1;
+  config.partitions(n % 2 == 0 ? 2 : 1);
+  config.tensor_parallel_degree(n % 4 == 0 ? 2 : 1);
   smp::init(config);
   const int pp = smp::pp_size();
   try {
@@ -513,7 +513,7 @@ TEST(ThreeD, BadInputRaisesOnEveryRank) {
     // 1 output feature over 2 tp ranks: the all-gather layer cannot split it.
     const smp::StagePartitions P = smp::stage_partitions(0);
     try {
-      nn::DistributedLinearAllGather bad(P.features, kHidden, 1, nn::LinearOptions{}, P.tokens);
+      nn::DistributedLinearAllGather bad(P.tokens, P.features, kHidden, 1, nn::LinearOptions{});
       ADD_FAILURE() << "out_features 1 over tp 2 was accepted";
     } catch (const PartitionError& e) {
       EXPECT_NE(std::string(e.what()).find("out_features 1 must be at least M = 2"), std::string::npos) << e.what();
@@ -523,7 +523,7 @@ TEST(ThreeD, BadInputRaisesOnEveryRank) {
     // 1 input feature over 2 tp ranks: the reduce-scatter layer cannot split it.
     const smp::StagePartitions P = smp::stage_partitions(0);
     try {
-      nn::DistributedLinearReduceScatter bad(P.features, 1, kHidden, nn::LinearOptions{}, P.tokens);
+      nn::DistributedLinearReduceScatter bad(P.features, P.tokens, 1, kHidden, nn::LinearOptions{});
       ADD_FAILURE() << "in_features 1 over tp 2 was accepted";
     } catch (const PartitionError& e) {
       EXPECT_NE(std::string(e.what()).find("in_features 1 and out_features 4 must be at least M = 2"),
@@ -557,14 +557,14 @@ TEST(ThreeD, ModelsThatDoNotFitTheLayoutRaiseOnEveryRank) {
   const int n = mpi::world_size();
   if (n == 1) GTEST_SKIP() << "one rank: every model fits";
   smp::Config config;
-  config.partitions = n % 2 == 0 ? 2 : 1;
-  config.tensor_parallel_degree = n % 4 == 0 ? 2 : 1;
+  config.partitions(n % 2 == 0 ? 2 : 1);
+  config.tensor_parallel_degree(n % 4 == 0 ? 2 : 1);
   smp::init(config);
   const int pp = smp::pp_size(), tp = smp::tp_size();
   std::vector<smp::StagePartitions> parts;
   for (int s = 0; s < pp; ++s) parts.push_back(smp::stage_partitions(s));
   nn::LinearOptions o;
-  o.dtype = at::kDouble;
+  o.dtype(at::kDouble);
 
   if (pp > 1) {
     // A stage boundary inside a block: the blocks' layers as separate
@@ -572,9 +572,9 @@ TEST(ThreeD, ModelsThatDoNotFitTheLayoutRaiseOnEveryRank) {
     // all-gather layer.
     torch::nn::Sequential seq;
     for (int s = 0; s < 2; ++s) {
-      seq->push_back(nn::DistributedLinearAllGather(parts[s].features, kHidden, kFfn, o, parts[s].tokens));
+      seq->push_back(nn::DistributedLinearAllGather(parts[s].tokens, parts[s].features, kHidden, kFfn, o));
       seq->push_back(torch::nn::Tanh());
-      seq->push_back(nn::DistributedLinearReduceScatter(parts[s].features, kFfn, kHidden, o, parts[s].tokens));
+      seq->push_back(nn::DistributedLinearReduceScatter(parts[s].features, parts[s].tokens, kFfn, kHidden, o));
     }
     const std::string e = usage_error([&] { smp::DistributedModel m(seq, {1}); });
     EXPECT_RAISED(e, "layer 2 ('2') runs on stage 1");
@@ -589,7 +589,7 @@ TEST(ThreeD, ModelsThatDoNotFitTheLayoutRaiseOnEveryRank) {
     const Shape shape = tp == n0 ? Shape{n0, 1, 1} : Shape{1, 1, n0};
     const auto P = mpi::Partition::world().create_partition_inclusive(ranks).create_cartesian_topology_partition(shape);
     torch::nn::Sequential seq;
-    seq->push_back(nn::DistributedLinearAllGather(P, kHidden, kFfn, o));
+    seq->push_back(nn::DistributedLinearAllGather(mpi::Partition(), P, kHidden, kFfn, o));
     for (int s = 1; s < pp; ++s) seq->push_back(Block(parts[s], false, Data::kRandom));
     const std::string e = usage_error([&] { smp::DistributedModel m(seq); });
     EXPECT_RAISED(e, "layer 0 ('0') runs on stage 0");
@@ -603,7 +603,7 @@ TEST(ThreeD, ModelsThatDoNotFitTheLayoutRaiseOnEveryRank) {
         mpi::Partition::world().create_partition_inclusive(some).create_cartesian_topology_partition(
             {1, 1, static_cast<int64_t>(some.size())});
     torch::nn::Sequential seq;
-    seq->push_back(nn::DistributedLinearAllGather(P, kHidden, kFfn, o));
+    seq->push_back(nn::DistributedLinearAllGather(mpi::Partition(), P, kHidden, kFfn, o));
     for (int s = 1; s < pp; ++s) seq->push_back(Block(parts[s], false, Data::kRandom));
     const std::string e = usage_error([&] { smp::DistributedModel m(seq); });
     EXPECT_RAISED(e, "which are no stage's ranks; build it on smp::stage_partitions(0)");

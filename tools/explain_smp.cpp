@@ -48,8 +48,8 @@ void print_table(const std::vector<std::vector<std::string>>& rows, std::ostream
 
 int explain_smp(const SmpGiven& g, std::ostream& out, std::ostream& err) {
   smp::Config config;
-  config.partitions = g.partitions;
-  config.tensor_parallel_degree = g.tp;
+  config.partitions(g.partitions);
+  config.tensor_parallel_degree(g.tp);
   try {
     config.validate(g.size);
   } catch (const smp::ConfigError& e) {

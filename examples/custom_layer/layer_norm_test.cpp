@@ -52,8 +52,8 @@ TEST(DistributedLayerNorm, MatchesTheSerialTwin) {
                           },
                           [&](int r) { return Shape{c.batch, example::share(c.features, p, r)}; }};
     CheckOptions options;
-    options.adjoint = false;        // LayerNorm is not linear
-    options.dtypes = {at::kDouble};  // in float32 a row of small variance scales rounding past 8e-5
+    options.adjoint(false);        // LayerNorm is not linear
+    options.dtypes({at::kDouble});  // in float32 a row of small variance scales rounding past 8e-5
     check_all(f, c.seed, v, options);
   }));
 }

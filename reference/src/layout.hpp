@@ -12,7 +12,7 @@
 
 namespace partita::reference {
 
-// DESIGN.md's balanced decomposition, counted out: worker i of p holds
+// The balanced decomposition (docs/design.md), counted out: worker i of p holds
 // n/p elements of a length n, one more for each of the first n%p workers.
 // Returns {start, length}.
 std::pair<int64_t, int64_t> balanced_piece(int64_t n, int64_t p, int64_t i);

@@ -150,13 +150,13 @@ const Rule kRules[] = {
     {"dim", "a non-negative integer (a tensor dimension)",
      [](const Field& f, Case& c) { c.dim = f.integer(0); }},
     {"axes_all_gather", "an array of non-negative integers (dimensions of P_x; all_gather)",
-     [](const Field& f, Case& c) { distdl_of(c).axes = f.small_integers(0); }},
+     [](const Field& f, Case& c) { distdl_of(c).axes(f.small_integers(0)); }},
     {"axes_reduce_scatter", "an array of non-negative integers (dimensions of P_x; reduce_scatter)",
-     [](const Field& f, Case& c) { distdl_of(c).axes = f.small_integers(0); }},
+     [](const Field& f, Case& c) { distdl_of(c).axes(f.small_integers(0)); }},
     {"axes_keep", "an array of non-negative integers (dimensions of P_x)",
-     [](const Field& f, Case& c) { distdl_of(c).axes_keep = f.small_integers(0); }},
+     [](const Field& f, Case& c) { distdl_of(c).axes_keep(f.small_integers(0)); }},
     {"scale_backward", "an array of non-negative integers (dimensions of P_x; all_gather)",
-     [](const Field& f, Case& c) { distdl_of(c).scale_backward = f.small_integers(0); }},
+     [](const Field& f, Case& c) { distdl_of(c).scale_backward(f.small_integers(0)); }},
     {"left", "an array of non-negative integers (ghost widths)",
      [](const Field& f, Case& c) { c.left = f.integers(0); }},
     {"right", "an array of non-negative integers (ghost widths)",
@@ -164,9 +164,9 @@ const Rule kRules[] = {
     {"options", "an object of booleans transpose_src, transpose_dest, preserve_batch",
      [](const Field& f, Case& c) {
        f.only({"transpose_src", "transpose_dest", "preserve_batch"});
-       for (auto [key, flag] : {std::pair{"transpose_src", &c.options.transpose_src},
-                                {"transpose_dest", &c.options.transpose_dest},
-                                {"preserve_batch", &c.options.preserve_batch}})
+       for (auto [key, flag] : {std::pair{"transpose_src", &c.options.transpose_src()},
+                                {"transpose_dest", &c.options.transpose_dest()},
+                                {"preserve_batch", &c.options.preserve_batch()}})
          if (f.v.contains(key)) *flag = f.member(key, "a boolean").flag();
      }},
     {"dtype",
@@ -355,10 +355,10 @@ json::Value Case::to_json() const {
   if (P_y) v["P_y"] = spec_json(*P_y);
   if (primitive == "all_sum_reduce") v["axes"] = axes;
   if (along_one_axis(primitive) && distdl) {
-    if (distdl->axes)
-      v[primitive == "all_gather" ? "axes_all_gather" : "axes_reduce_scatter"] = *distdl->axes;
-    if (distdl->axes_keep) v["axes_keep"] = *distdl->axes_keep;
-    if (!distdl->scale_backward.empty()) v["scale_backward"] = distdl->scale_backward;
+    if (distdl->axes())
+      v[primitive == "all_gather" ? "axes_all_gather" : "axes_reduce_scatter"] = *distdl->axes();
+    if (distdl->axes_keep()) v["axes_keep"] = *distdl->axes_keep();
+    if (!distdl->scale_backward().empty()) v["scale_backward"] = distdl->scale_backward();
   } else if (along_one_axis(primitive)) {
     v["axis"] = axis;
     v["dim"] = dim;
@@ -382,9 +382,9 @@ json::Value Case::to_json() const {
     v["local_shapes"] = m;
   }
   if (!is_linear())
-    v["options"] = {{"transpose_src", options.transpose_src},
-                    {"transpose_dest", options.transpose_dest},
-                    {"preserve_batch", options.preserve_batch}};
+    v["options"] = {{"transpose_src", options.transpose_src()},
+                    {"transpose_dest", options.transpose_dest()},
+                    {"preserve_batch", options.preserve_batch()}};
   v["dtype"] = dtype;
   if (ranks) v["ranks"] = ranks;
   if (data_seed) v["data_seed"] = *data_seed;

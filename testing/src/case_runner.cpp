@@ -345,7 +345,7 @@ reference::Tensors check_backward(Run& r, CaseOutcome& out) {
   out.dx = out.x.grad().defined() ? out.x.grad() : at::zeros_like(out.x);
   // (scale_backward divides before the adjoint sums: quotients added in
   // another order differ in the last bits.)
-  const bool scaled = c.distdl && !c.distdl->scale_backward.empty();
+  const bool scaled = c.distdl && !c.distdl->scale_backward().empty();
   const auto how = r.entry.exact_backward ? Compare::Exact
                    : scaled               ? Compare::Elementwise
                                           : sums_compare(r);
@@ -415,7 +415,7 @@ void check_adjoint(Run& r, CaseOutcome& out, const reference::Tensors& dxr,
   // factor: the identity is <F x, y> = factor * <x, B y>.
   double factor = 1;
   if (c.distdl)
-    for (int d : c.distdl->scale_backward) factor *= static_cast<double>(c.P_x.shape.at(d));
+    for (int d : c.distdl->scale_backward()) factor *= static_cast<double>(c.P_x.shape.at(d));
   Dots ref;
   for (int w = 0; w < r.world; ++w)
     ref += Dots::of(r.yr[w].detach(), r.dyr[w], r.xr[w].detach(), dxr[w], {}, {}, {}, {});

@@ -156,13 +156,13 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
     if (c.primitive == "broadcast") {
       c.P_x = {p.px_ranks, p.px_shape};
       c.P_y = PartitionSpec{p.py_ranks, p.py_shape};
-      c.options.transpose_src = p.transpose_src;
-      c.options.transpose_dest = p.transpose_dest;
+      c.options.transpose_src(p.transpose_src);
+      c.options.transpose_dest(p.transpose_dest);
     } else if (c.primitive == "sum_reduce") {
       c.P_x = {p.py_ranks, p.py_shape};
       c.P_y = PartitionSpec{p.px_ranks, p.px_shape};
-      c.options.transpose_src = p.transpose_dest;
-      c.options.transpose_dest = p.transpose_src;
+      c.options.transpose_src(p.transpose_dest);
+      c.options.transpose_dest(p.transpose_src);
     } else if (c.primitive == "repartition") {
       // Any two partitions: no rules to follow.
       c.P_x = {p.px_ranks, p.px_shape};
@@ -177,7 +177,7 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
       c.P_x = {p.py_ranks, p.py_shape};
       c.axis = *rc::gen::inRange<int>(0, static_cast<int>(p.py_shape.size()));
     }
-    c.options.preserve_batch = chance(1, 2);
+    c.options.preserve_batch(chance(1, 2));
     // Issue 18: on a random subset of ranks the output does not reach the
     // loss (its backward gets an undefined gradient).
     if (chance(1, 3))
@@ -247,16 +247,16 @@ rc::Gen<Case> gen_primitive_case(int world, std::vector<std::string> primitives)
         std::vector<int> dims;
         for (size_t d = 0; d < pd; ++d)
           if (chance(1, 2)) dims.push_back(static_cast<int>(d));
-        if (chance(1, 2)) a.axes = dims;
-        else a.axes_keep = dims;
-        if (chance(1, 12)) a.axes_keep = a.axes = dims;
+        if (chance(1, 2)) a.axes(dims);
+        else a.axes_keep(dims);
+        if (chance(1, 12)) a.axes(dims).axes_keep(dims);
         // (Only dimensions with more than one worker scale anything. Five
         // in six and three in four: at two in three and two in three, 20
         // fresh runs at 3 ranks drew a dividing scale_backward 3-13 times
         // per 100 cases, a miss about once in 400 runs.)
         if (c.primitive == "all_gather" && chance(5, 6))
           for (size_t d = 0; d < pd; ++d)
-            if (c.P_x.shape[d] > 1 && chance(3, 4)) a.scale_backward.push_back(static_cast<int>(d));
+            if (c.P_x.shape[d] > 1 && chance(3, 4)) a.scale_backward().push_back(static_cast<int>(d));
         c.distdl = a;
       }
     }

@@ -65,9 +65,9 @@ std::ostream& operator<<(std::ostream& os, const PipelineRun& r) {
   for (size_t i = 0; i < r.split_points.size(); ++i) os << (i ? ", " : "") << r.split_points[i];
   os << "], \"batch\": " << r.batch << ", \"steps\": " << r.steps;
   if (smp::initialized())
-    os << ", \"partitions\": " << smp::mp_size() << ", \"pipeline\": \"" << smp::config().pipeline << "\"";
-  if (smp::initialized() && smp::config().virtual_pipeline_model_parallel_size != 1)
-    os << ", \"virtual_pipeline_model_parallel_size\": " << smp::config().virtual_pipeline_model_parallel_size;
+    os << ", \"partitions\": " << smp::mp_size() << ", \"pipeline\": \"" << smp::config().pipeline() << "\"";
+  if (smp::initialized() && smp::config().virtual_pipeline_model_parallel_size() != 1)
+    os << ", \"virtual_pipeline_model_parallel_size\": " << smp::config().virtual_pipeline_model_parallel_size();
   return os << "}";
 }
 

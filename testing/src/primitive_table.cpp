@@ -36,8 +36,8 @@ MpiLayer layer_of(Module m) {
 std::shared_ptr<nn::DistributedLinearBase> make_linear(const Case& c, int64_t in,
                       const std::function<mpi::Partition(const PartitionSpec&)>& part) {
   nn::LinearOptions o;
-  o.bias = c.bias;
-  o.dtype = parse_dtype(c.dtype);
+  o.bias(c.bias);
+  o.dtype(parse_dtype(c.dtype));
   const auto px = part(c.P_x);
   const auto py = c.P_y ? part(*c.P_y) : mpi::Partition();
   const auto kind = reference::linear_kind(c.primitive);
@@ -50,13 +50,13 @@ std::shared_ptr<nn::DistributedLinearBase> make_linear(const Case& c, int64_t in
     case K::General:
       return nn::DistributedLinear(px, py, part(*c.P_W), in, c.out_features, o).ptr();
     case K::AllGather:
-      return nn::DistributedLinearAllGather(first, in, c.out_features, o, second).ptr();
+      return nn::DistributedLinearAllGather(second, first, in, c.out_features, o).ptr();
     case K::AllGatherZero:
-      return nn::DistributedLinearAllGatherZero(first, in, c.out_features, o, second).ptr();
+      return nn::DistributedLinearAllGatherZero(second, first, in, c.out_features, o).ptr();
     case K::ReduceScatter:
-      return nn::DistributedLinearReduceScatter(px, in, c.out_features, o, py).ptr();
+      return nn::DistributedLinearReduceScatter(px, py, in, c.out_features, o).ptr();
     case K::ReduceScatterZero:
-      return nn::DistributedLinearReduceScatterZero(px, in, c.out_features, o, py).ptr();
+      return nn::DistributedLinearReduceScatterZero(px, py, in, c.out_features, o).ptr();
   }
   throw Error("no layer " + c.primitive);
 }

@@ -12,7 +12,7 @@
 
 namespace partita {
 
-// The rule an error reports as broken (issue 9): a short, stable code that
+// The rule an error reports as broken: a short, stable code that
 // the reference and the MPI implementation attach on their own, so that a
 // test can check that both reject a case for the same reason and not only
 // with the same class. docs/testing.md lists them. An empty code: no rule
@@ -27,7 +27,7 @@ inline constexpr const char* kAxisRange = "partition.axis_range";      // axes /
 inline constexpr const char* kRootRange = "partition.root_range";      // broadcast_data's root
 inline constexpr const char* kNullPartition = "partition.null";
 inline constexpr const char* kArgumentsDiffer = "partition.arguments_differ";  // ranks disagree
-inline constexpr const char* kPlanDiffers = "partition.plan_differs";  // checked mode (issue 18)
+inline constexpr const char* kPlanDiffers = "partition.plan_differs";  // checked mode
 inline constexpr const char* kBroadcastDims = "broadcast.dims";    // dim(P_x) > dim(P_y)
 inline constexpr const char* kBroadcastShape = "broadcast.shape";  // P_x neither 1 nor P_y's
 inline constexpr const char* kReductionDims = "reduction.dims";    // dim(P_y) > dim(P_x)
@@ -80,7 +80,7 @@ struct ShapeError : Error {
   using Error::Error;
 };
 
-// A wait did not finish within the deadline (PARTITA_DEADLINE, issue 18):
+// A wait did not finish within the deadline (PARTITA_DEADLINE):
 // the ranks disagree about a plan or one of them is stuck. Only raised in
 // deadline mode; the world communicator must be renewed before partita
 // communicates again (mpi::renew_world, done by the test harness).

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <optional>
+#include <utility>
 #include <vector>
+
+#include "partita/arg.hpp"
 
 namespace partita {
 
-// Issue 34 item 2 (docs/static-shapes.md): when the ranks of a layer agree
+// Static shapes (docs/static-shapes.md): when the ranks of a layer agree
 // on their inputs' shapes. kPerCall (the default): on every call, one small
 // collective exchange of every rank's shape, dtype and requires_grad before
 // the data moves, so that bad input raises on every rank. kStatic: the
@@ -25,18 +28,19 @@ namespace partita {
 // otherwise).
 enum class Shapes { kPerCall, kStatic };
 
+// Set in LibTorch's style: Options().preserve_batch(false).shapes(Shapes::kStatic).
 struct Options {
   // Reverse P_x's shape before applying the rules (the tensor is unchanged).
-  bool transpose_src = false;
+  PARTITA_ARG(bool, transpose_src) = false;
   // Reverse P_y's shape before padding it (seed 001, note to example 8).
-  bool transpose_dest = false;
+  PARTITA_ARG(bool, transpose_dest) = false;
   // Zero-volume outputs keep the input's first dimension: {batch, 0}.
-  bool preserve_batch = true;
+  PARTITA_ARG(bool, preserve_batch) = true;
   // Per-call agreement or static shapes (above).
-  Shapes shapes = Shapes::kPerCall;
+  PARTITA_ARG(Shapes, shapes) = Shapes::kPerCall;
 };
 
-// DistDL's parameters of AllGather and ReduceScatter (issue 9): the
+// DistDL's parameters of AllGather and ReduceScatter: the
 // partition dimensions acted on (`axes`: DistDL's axes_all_gather or
 // axes_reduce_scatter) or their complement (`axes_keep`), exactly one of the
 // two; the tensor dimension gathered or scattered along partition dimension
@@ -44,10 +48,24 @@ struct Options {
 // extents divide the gradient in backward (the product of P_x's extents
 // along them; empty: no scaling). partita's general form, one partition
 // dimension `axis` with any tensor dimension `dim`, is the other constructor.
+// Set in LibTorch's style: GatherAxes().axes({0}), GatherAxes().axes_keep({1}).
 struct GatherAxes {
-  std::optional<std::vector<int>> axes;
-  std::optional<std::vector<int>> axes_keep;
-  std::vector<int> scale_backward;
+  // The dimensions acted on, or (axes_keep) their complement: set means
+  // given, so each setter takes the list itself.
+  GatherAxes& axes(std::vector<int> dims) {
+    axes_ = std::move(dims);
+    return *this;
+  }
+  const std::optional<std::vector<int>>& axes() const noexcept { return axes_; }
+  GatherAxes& axes_keep(std::vector<int> dims) {
+    axes_keep_ = std::move(dims);
+    return *this;
+  }
+  const std::optional<std::vector<int>>& axes_keep() const noexcept { return axes_keep_; }
+  PARTITA_ARG(std::vector<int>, scale_backward);
+
+ private:
+  std::optional<std::vector<int>> axes_, axes_keep_;
 };
 
 }  // namespace partita

@@ -1,5 +1,5 @@
 // The broadcast and reduction rules of seed 001 (and their mirror for
-// broadcast, DESIGN.md), as shape arithmetic only: the MPI implementation's
+// broadcast, docs/design.md, "Broadcast and reduction rules"), as shape arithmetic only: the MPI implementation's
 // statement of them. The reference restates them on its own
 // (reference/src/partition.cpp), so that a mistake here is caught.
 #pragma once

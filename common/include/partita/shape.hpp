@@ -22,11 +22,11 @@ std::string list_string(const std::vector<int64_t>& values);
 std::string list_string(const Ranks& values);
 
 // Row-major (C order) rank of an index in a grid of the given shape, and back.
-// DESIGN.md: index (i, j, k) of shape (a, b, c) is rank i*b*c + j*c + k.
+// docs/design.md, "Rank order": index (i, j, k) of shape (a, b, c) is rank i*b*c + j*c + k.
 int64_t ravel(const Index& index, const Shape& shape);
 Index unravel(int64_t rank, const Shape& shape);
 
-// Balanced decomposition of a length n over p workers (DESIGN.md):
+// Balanced decomposition of a length n over p workers (docs/design.md):
 // worker i gets n/p + (i < n%p) elements starting at i*(n/p) + min(i, n%p).
 int64_t local_length(int64_t n, int64_t p, int64_t i);
 int64_t local_start(int64_t n, int64_t p, int64_t i);

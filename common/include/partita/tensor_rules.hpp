@@ -15,7 +15,7 @@ namespace partita {
 // The most dimensions a partita tensor may have (fixed-size metadata).
 constexpr int kMaxTensorDims = 8;
 
-// DESIGN.md: a worker with no data holds {0}, or {batch, 0} when
+// docs/design.md, "Workers with no data": a worker with no data holds {0}, or {batch, 0} when
 // preserve_batch keeps the batch size of `like`.
 inline at::Tensor zero_volume_like(const at::Tensor& like, bool preserve_batch) {
   if (preserve_batch && like.dim() >= 1)

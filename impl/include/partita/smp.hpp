@@ -1,8 +1,8 @@
 // partita::smp: seed 004's model-parallel common API in C++ (docs/smp.md).
 //
 //   partita::mpi::Environment env(&argc, &argv);
-//   smp::init({/*partitions=*/2, /*microbatches=*/4});   // or smp::init() from
-//                                                          // PARTITA_SMP_CONFIG
+//   smp::init(smp::Config().partitions(2).microbatches(4));  // or smp::init()
+//                                                           // from PARTITA_SMP_CONFIG
 //   if (smp::rank() == 0) smp::broadcast(obj, smp::WORLD);
 //   else obj = smp::recv_from(0, smp::WORLD_RANK);
 //
@@ -29,6 +29,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "partita/arg.hpp"
 #include "partita/errors.hpp"
 #include "partita/smp/layout.hpp"
 
@@ -55,23 +56,40 @@ struct UsageError : Error {
   using Error::Error;
 };
 
-// What a launcher passes (SageMaker's "mp_parameters"). JSON form:
+// What a launcher passes (SageMaker's "mp_parameters"), set in LibTorch's
+// style:
+//   smp::Config().partitions(2).tensor_parallel_degree(2).microbatches(4)
+// and read the same way (config.partitions()). JSON form:
 //   {"partitions": 2, "tensor_parallel_degree": 2, "microbatches": 4,
 //    "pipeline": "interleaved", "ddp": true}
 // (and "virtual_pipeline_model_parallel_size": V with "interleaved_virtual")
-// every field optional, no others allowed.
+// every field optional, no others allowed. Its fields are private: a braced
+// list (`smp::init({2, 4})`) does not compile, so no positional value can
+// land in another field than the one meant.
 struct Config {
-  int partitions = 1;                   // pipeline stages per replica: pp_size
-  int tensor_parallel_degree = 1;       // ranks per stage: tp_size (SageMaker's key);
-                                        // mp_size = partitions x tensor_parallel_degree
-  int microbatches = 1;                 // pieces smp::step splits a batch into
-  std::string pipeline = "interleaved";  // "interleaved" (1F1B), "simple" (GPipe), "zero_bubble" (ZB-H1) or
-                                        // "interleaved_virtual" (Megatron's interleaved 1F1B)
-  bool ddp = true;                      // data parallelism: dp_size = world / mp_size;
-                                        // off: the world must be exactly mp_size
+  // pipeline stages per replica: pp_size
+  PARTITA_ARG(int, partitions) = 1;
+  // ranks per stage: tp_size (SageMaker's key); mp_size = partitions x
+  // tensor_parallel_degree
+  PARTITA_ARG(int, tensor_parallel_degree) = 1;
+  // pieces smp::step splits a batch into
+  PARTITA_ARG(int, microbatches) = 1;
+  // data parallelism: dp_size = world / mp_size; off: the world must be
+  // exactly mp_size
+  PARTITA_ARG(bool, ddp) = true;
   // Megatron-LM's name: model chunks (virtual stages) per pipeline rank,
   // more than 1 only with "interleaved_virtual" (docs/pipeline.md).
-  int virtual_pipeline_model_parallel_size = 1;
+  PARTITA_ARG(int, virtual_pipeline_model_parallel_size) = 1;
+
+ public:
+  // The schedule, by smp's name or torch.distributed.pipelining's (either
+  // case): "interleaved" = "1F1B" (plain 1F1B; SageMaker's word), "simple" =
+  // "GPipe", "zero_bubble" = "ZBH1" (ZB-H1), "interleaved_virtual" =
+  // "Interleaved1F1B" (Megatron's interleaved 1F1B with virtual stages).
+  // Stored as smp's name; a name neither knows is kept as given and
+  // refused by validate() and init().
+  Config& pipeline(const std::string& name);
+  const std::string& pipeline() const noexcept { return pipeline_; }
 
   // Throws ConfigError naming `source`, the field and what was expected.
   static Config from_json(const std::string& text, const std::string& source = "smp config");
@@ -84,7 +102,16 @@ struct Config {
   // processes.
   void validate(int world_size) const;
   int mp_size() const;  // partitions x tensor_parallel_degree
+
+ private:
+  std::string pipeline_ = "interleaved";
 };
+
+// smp's name of a schedule given by either name (Config::pipeline), or ""
+// when neither knows it.
+std::string canonical_pipeline(const std::string& name);
+// Every accepted schedule name, smp's and torch.distributed.pipelining's.
+const char* pipeline_names();
 
 inline constexpr const char* kConfigVariable = "PARTITA_SMP_CONFIG";
 

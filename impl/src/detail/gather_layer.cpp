@@ -111,7 +111,7 @@ std::shared_ptr<GatherLayer> make(bool gather, const mpi::Partition& P_x, int ax
 std::vector<int> resolve(const char* layer, const char* axes_name, const mpi::Partition& P_x,
                          const GatherAxes& a) {
   const std::string name = std::string(layer) + "(P_x " + P_x.describe() + ")";
-  if (a.axes.has_value() == a.axes_keep.has_value())
+  if (a.axes().has_value() == a.axes_keep().has_value())
     throw PartitionError(name + ": give exactly one of " + axes_name + " and axes_keep",
                          rule_code::kGatherAxesChoice);
   const int n = static_cast<int>(P_x.shape().size());
@@ -128,11 +128,11 @@ std::vector<int> resolve(const char* layer, const char* axes_name, const mpi::Pa
     }
     return seen;
   };
-  check(a.scale_backward, "scale_backward");
-  const auto listed = check(a.axes ? *a.axes : *a.axes_keep, a.axes ? axes_name : "axes_keep");
+  check(a.scale_backward(), "scale_backward");
+  const auto listed = check(a.axes() ? *a.axes() : *a.axes_keep(), a.axes() ? axes_name : "axes_keep");
   std::vector<int> dims;
   for (int d = 0; d < n; ++d)
-    if (listed[d] == a.axes.has_value()) dims.push_back(d);
+    if (listed[d] == a.axes().has_value()) dims.push_back(d);
   return dims;
 }
 

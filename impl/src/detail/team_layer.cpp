@@ -16,19 +16,19 @@ using namespace partita::mpi::detail;
 TeamLayer::TeamLayer(Kind k, const mpi::Partition& px, const mpi::Partition& py, Options o)
     : kind(k), P_x(px), P_y(py), options(o) {
   name = std::string(k == Kind::Broadcast ? "Broadcast" : "SumReduce") + "(P_x " +
-         px.describe() + (o.transpose_src ? " transposed" : "") + " -> P_y " + py.describe() +
-         (o.transpose_dest ? " transposed" : "") + ")";
+         px.describe() + (o.transpose_src() ? " transposed" : "") + " -> P_y " + py.describe() +
+         (o.transpose_dest() ? " transposed" : "") + ")";
   adjoint_name = name + " adjoint";
   auto sendrecv = k == Kind::Broadcast
-                      ? px.create_broadcast_partition_to(py, o.transpose_src, o.transpose_dest)
-                      : px.create_reduction_partition_to(py, o.transpose_src, o.transpose_dest);
+                      ? px.create_broadcast_partition_to(py, o.transpose_src(), o.transpose_dest())
+                      : px.create_reduction_partition_to(py, o.transpose_src(), o.transpose_dest());
   P_send = sendrecv.first;
   P_recv = sendrecv.second;
-  teams = k == Kind::Broadcast ? mpi::broadcast_teams(px, py, o.transpose_src, o.transpose_dest)
-                               : mpi::reduction_teams(px, py, o.transpose_src, o.transpose_dest);
+  teams = k == Kind::Broadcast ? mpi::broadcast_teams(px, py, o.transpose_src(), o.transpose_dest())
+                               : mpi::reduction_teams(px, py, o.transpose_src(), o.transpose_dest());
   P_union = px.create_partition_union(py);
   for (const auto& t : teams) contributors.push_back(t.paired);
-  plans.set_static_shapes(o.shapes == Shapes::kStatic);
+  plans.set_static_shapes(o.shapes() == Shapes::kStatic);
   for (const auto& t : teams)
     if (P_recv.active() && t.workers() == P_recv.workers())
       y_source = k == Kind::Broadcast ? t.root : t.paired.at(0);
@@ -103,7 +103,7 @@ at::Tensor TeamLayer::forward(const at::Tensor& x) const {
     y = kind == Kind::Broadcast
             ? bcast_teams(P_send, P_recv, x, out_shape, out_options, name, &out_slot)
             : reduce_teams(P_recv, P_send, x, out_shape, out_options, name, &out_slot);
-    if (!y.defined()) y = zero_volume_like(x, options.preserve_batch);
+    if (!y.defined()) y = zero_volume_like(x, options.preserve_batch());
   }
   // (with_adjoint returns y as it is when no node is attached: the
   // adjoint's closure is only built when one is.)

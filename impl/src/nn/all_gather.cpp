@@ -14,7 +14,7 @@ AllGatherPlan::AllGatherPlan(const mpi::Partition& P_x, int axis, int64_t dim, S
 AllGatherPlan::AllGatherPlan(const mpi::Partition& P_x, const GatherAxes& axes, Shapes shapes) {
   for (int d : detail::resolve("AllGather", "axes_all_gather", P_x, axes))
     steps_.push_back(detail::make(true, P_x, d, d, shapes));
-  for (int d : axes.scale_backward) scale_backward_ *= static_cast<double>(P_x.shape()[d]);
+  for (int d : axes.scale_backward()) scale_backward_ *= static_cast<double>(P_x.shape()[d]);
 }
 at::Tensor all_gather(const at::Tensor& x, const AllGatherPlan& plan) {
   const auto y = detail::run(plan.steps_, x);

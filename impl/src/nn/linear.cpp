@@ -103,8 +103,8 @@ void checked_construction(const std::string& name, int64_t in, int64_t out, cons
   f.add(name);
   f.add(in);
   f.add(out);
-  f.add(static_cast<int64_t>(o.bias));
-  f.add(static_cast<int64_t>(o.dtype));
+  f.add(static_cast<int64_t>(o.bias()));
+  f.add(static_cast<int64_t>(o.dtype()));
   for (const auto* P : parts) {
     f.add(P->workers());
     f.add(P->shape());
@@ -542,12 +542,12 @@ DistributedLinearImpl::DistributedLinearImpl(const mpi::Partition& P_x, const mp
   // P_fout), P_y (1 x P_fout) matches its last dimension, and each row of
   // P_W sums into the P_y worker of the same output block (seed 002's note).
   Options reduce;
-  reduce.transpose_src = true;
+  reduce.transpose_src(true);
   p_->sum_reduce_y = SumReduce(P_W, P_y, reduce);
   l->in = in_features;
   l->out = out_features;
-  l->bias = o.bias;
-  l->dtype = o.dtype;
+  l->bias = o.bias();
+  l->dtype = o.dtype();
   l->P_layer = P_x.create_partition_union(P_W).create_partition_union(P_y);
   l->P_params = P_W;
   if (P_W.active()) {
@@ -557,7 +557,7 @@ DistributedLinearImpl::DistributedLinearImpl(const mpi::Partition& P_x, const mp
     std::tie(l->w_r0, l->w_rn) = piece(out_features, fout, i[0]);
     std::tie(l->w_c0, l->w_cn) = piece(in_features, fin, i[1]);
     // The bias lives on column 0 of P_W only, so the row sum adds it once.
-    l->owns_bias = o.bias && i[1] == 0;
+    l->owns_bias = o.bias() && i[1] == 0;
     l->b0 = l->w_r0;
     l->bn = l->w_rn;
     // DistDL: a torch.nn.Linear `sublinear` per P_W worker, bias on column 0.
@@ -596,24 +596,24 @@ struct DistributedLinearAllGatherImpl::Parts {
   bool separate = false;
 };
 
-DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(const mpi::Partition& P_y,
+DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(const mpi::Partition& P_x,
+                                                               const mpi::Partition& P_y,
                                                                int64_t in_features,
                                                                int64_t out_features,
-                                                               LinearOptions options,
-                                                               const mpi::Partition& P_x)
-    : DistributedLinearAllGatherImpl(false, P_y, in_features, out_features, options, P_x) {}
+                                                               LinearOptions options)
+    : DistributedLinearAllGatherImpl(false, P_x, P_y, in_features, out_features, options) {}
 
-DistributedLinearAllGatherZeroImpl::DistributedLinearAllGatherZeroImpl(const mpi::Partition& P_y,
+DistributedLinearAllGatherZeroImpl::DistributedLinearAllGatherZeroImpl(const mpi::Partition& P_x,
+                                                                       const mpi::Partition& P_y,
                                                                        int64_t in_features,
                                                                        int64_t out_features,
-                                                                       LinearOptions options,
-                                                                       const mpi::Partition& P_x)
-    : DistributedLinearAllGatherImpl(true, P_y, in_features, out_features, options, P_x) {}
+                                                                       LinearOptions options)
+    : DistributedLinearAllGatherImpl(true, P_x, P_y, in_features, out_features, options) {}
 
-DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const mpi::Partition& P_y,
+DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const mpi::Partition& P_x_given,
+                                                               const mpi::Partition& P_y,
                                                                int64_t in, int64_t out,
-                                                               LinearOptions o,
-                                                               const mpi::Partition& P_x_given)
+                                                               LinearOptions o)
     : p_(std::make_shared<Parts>()) {
   auto l = std::make_shared<LinearLayout>();
   l->name = zero ? "DistributedLinearAllGatherZero" : "DistributedLinearAllGather";
@@ -677,8 +677,8 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
   p_->gather_x = AllGather(P_x, axis, axis);
   l->in = in;
   l->out = out;
-  l->bias = o.bias;
-  l->dtype = o.dtype;
+  l->bias = o.bias();
+  l->dtype = o.dtype();
   l->P_layer = P_y;
   l->P_params = P_y;
   if (P_y.active()) {
@@ -691,7 +691,7 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
       l->w_r0 = r0;
       l->w_rn = rn;
       std::tie(l->w_c0, l->w_cn) = piece(in, D, i[0]);
-      l->owns_bias = o.bias;
+      l->owns_bias = o.bias();
       const auto [s, n] = piece(rn, D, i[0]);
       l->b0 = r0 + s;
       l->bn = n;
@@ -701,7 +701,7 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
       l->w_rn = rn;
       l->w_c0 = 0;
       l->w_cn = in;
-      l->owns_bias = o.bias;
+      l->owns_bias = o.bias();
       l->b0 = r0;
       l->bn = rn;
     }
@@ -722,7 +722,7 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
       l->dd_b_shape = ones_with(d, {{-2, l->bn}});
       l->dd_b0 = l->b0;
       l->dd_bn = l->bn;
-    } else if (o.bias) {
+    } else if (o.bias()) {
       l->dd_b = LinearLayout::kBuffer;
     }
   }
@@ -764,21 +764,21 @@ struct DistributedLinearReduceScatterImpl::Parts {
 };
 
 DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(const mpi::Partition& P_x,
+                                                                       const mpi::Partition& P_y,
                                                                        int64_t in_features,
                                                                        int64_t out_features,
-                                                                       LinearOptions options,
-                                                                       const mpi::Partition& P_y)
-    : DistributedLinearReduceScatterImpl(false, P_x, in_features, out_features, options, P_y) {}
+                                                                       LinearOptions options)
+    : DistributedLinearReduceScatterImpl(false, P_x, P_y, in_features, out_features, options) {}
 
 DistributedLinearReduceScatterZeroImpl::DistributedLinearReduceScatterZeroImpl(
-    const mpi::Partition& P_x, int64_t in_features, int64_t out_features, LinearOptions options,
-    const mpi::Partition& P_y)
-    : DistributedLinearReduceScatterImpl(true, P_x, in_features, out_features, options, P_y) {}
+    const mpi::Partition& P_x, const mpi::Partition& P_y, int64_t in_features, int64_t out_features,
+    LinearOptions options)
+    : DistributedLinearReduceScatterImpl(true, P_x, P_y, in_features, out_features, options) {}
 
 DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero, const mpi::Partition& P_x,
+                                                                       const mpi::Partition& P_y_given,
                                                                        int64_t in, int64_t out,
-                                                                       LinearOptions o,
-                                                                       const mpi::Partition& P_y_given)
+                                                                       LinearOptions o)
     : p_(std::make_shared<Parts>()) {
   auto l = std::make_shared<LinearLayout>();
   l->name = zero ? "DistributedLinearReduceScatterZero" : "DistributedLinearReduceScatter";
@@ -805,9 +805,9 @@ DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero
                 "the fully-sharded layer shards over data-parallel axis 0 only; P_x " + describe(P_x) +
                     " splits axis " + std::to_string(k));
       const int64_t D = P_x.shape()[0];
-      require(out >= D && (!o.bias || local_length(out, M, M - 1) >= D), l->name,
+      require(out >= D && (!o.bias() || local_length(out, M, M - 1) >= D), l->name,
               "every shard must be non-empty: out_features " + std::to_string(out) +
-                  (o.bias ? " / M = " + std::to_string(M) : std::string()) + " must be at least D = " +
+                  (o.bias() ? " / M = " + std::to_string(M) : std::string()) + " must be at least D = " +
                   std::to_string(D));
     }
   });
@@ -830,8 +830,8 @@ DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero
   p_->scatter_y = ReduceScatter(P_y, axis, axis);
   l->in = in;
   l->out = out;
-  l->bias = o.bias;
-  l->dtype = o.dtype;
+  l->bias = o.bias();
+  l->dtype = o.dtype();
   l->P_layer = P_x;
   l->P_params = P_x;
   if (P_x.active()) {
@@ -845,7 +845,7 @@ DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero
       std::tie(l->w_r0, l->w_rn) = piece(out, D, i[0]);
       l->w_c0 = c0;
       l->w_cn = cn;
-      l->owns_bias = o.bias;
+      l->owns_bias = o.bias();
       const auto [s, n] = piece(on, D, i[0]);
       l->b0 = o0 + s;
       l->bn = n;
@@ -855,7 +855,7 @@ DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero
       l->w_rn = out;
       l->w_c0 = c0;
       l->w_cn = cn;
-      l->owns_bias = o.bias;
+      l->owns_bias = o.bias();
       l->b0 = o0;
       l->bn = on;
     }
@@ -874,7 +874,7 @@ DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero
     } else {
       l->dd_w = LinearLayout::kBuffer;
     }
-    if (o.bias) {
+    if (o.bias()) {
       l->dd_b_moves = true;
       const bool model_index_0 = i[d - 1] == 0 && i[d - 2] == 0;
       if (zero && model_index_0) {

@@ -15,7 +15,7 @@ ReduceScatterPlan::ReduceScatterPlan(const mpi::Partition& P_x, int axis, int64_
     : steps_{detail::make(false, P_x, axis, dim, shapes)} {}
 ReduceScatterPlan::ReduceScatterPlan(const mpi::Partition& P_x, const GatherAxes& axes,
                                      Shapes shapes) {
-  if (!axes.scale_backward.empty())
+  if (!axes.scale_backward().empty())
     throw PartitionError("ReduceScatter(P_x " + P_x.describe() +
                          "): scale_backward is AllGather's parameter", rule_code::kScaleBackward);
   for (int d : detail::resolve("ReduceScatter", "axes_reduce_scatter", P_x, axes))

@@ -1,5 +1,6 @@
 // smp's configuration (JSON, file, environment) and its rank layout: pure
 // code, no MPI, no LibTorch.
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -11,8 +12,21 @@ namespace partita::smp {
 
 namespace {
 
-constexpr const char* kPipelines[] = {"interleaved", "simple", "zero_bubble", "interleaved_virtual"};
-constexpr const char* kPipelineNames = "\"interleaved\", \"simple\", \"zero_bubble\" or \"interleaved_virtual\"";
+// Every schedule name, smp's (SageMaker's words) and
+// torch.distributed.pipelining's, with smp's name of the same schedule.
+struct PipelineName {
+  const char* name;
+  const char* smp;
+};
+constexpr PipelineName kPipelines[] = {
+    {"interleaved", "interleaved"},  {"1f1b", "interleaved"},
+    {"simple", "simple"},            {"gpipe", "simple"},
+    {"zero_bubble", "zero_bubble"},  {"zbh1", "zero_bubble"},          {"zb_h1", "zero_bubble"},
+    {"interleaved_virtual", "interleaved_virtual"}, {"interleaved1f1b", "interleaved_virtual"},
+    {"interleaved_1f1b", "interleaved_virtual"}};
+constexpr const char* kPipelineNames =
+    "\"interleaved\" (or \"1F1B\"), \"simple\" (or \"GPipe\"), \"zero_bubble\" (or \"ZBH1\") or "
+    "\"interleaved_virtual\" (or \"Interleaved1F1B\")";
 
 [[noreturn]] void field_error(const std::string& source, const std::string& field, const std::string& expected,
                               const json::Value& got) {
@@ -26,6 +40,22 @@ int positive(const std::string& source, const char* field, const json::Value& v)
 }
 
 }  // namespace
+
+std::string canonical_pipeline(const std::string& name) {
+  std::string lower = name;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const auto& p : kPipelines)
+    if (lower == p.name) return p.smp;
+  return "";
+}
+
+const char* pipeline_names() { return kPipelineNames; }
+
+Config& Config::pipeline(const std::string& name) {
+  const std::string smp = canonical_pipeline(name);
+  pipeline_ = smp.empty() ? name : smp;
+  return *this;
+}
 
 const char* name(CommGroup group) {
   switch (group) {
@@ -59,28 +89,26 @@ Config Config::from_json(const std::string& text, const std::string& source) {
   if (!doc.is_object())
     throw ConfigError(source + ": expected an object {\"partitions\": N, \"tensor_parallel_degree\": T, "
                                "\"microbatches\": M, "
-                               "\"pipeline\": \"interleaved\"|\"simple\"|\"zero_bubble\"|\"interleaved_virtual\", \"ddp\": true|false, "
+                               "\"pipeline\": " + std::string(kPipelineNames) + ", \"ddp\": true|false, "
                                "\"virtual_pipeline_model_parallel_size\": V}, got " +
                       json::dump(doc));
   Config c;
   for (const auto& [key, v] : doc.items()) {
     if (key == "partitions") {
-      c.partitions = positive(source, "partitions", v);
+      c.partitions(positive(source, "partitions", v));
     } else if (key == "tensor_parallel_degree") {
-      c.tensor_parallel_degree = positive(source, "tensor_parallel_degree", v);
+      c.tensor_parallel_degree(positive(source, "tensor_parallel_degree", v));
     } else if (key == "microbatches") {
-      c.microbatches = positive(source, "microbatches", v);
+      c.microbatches(positive(source, "microbatches", v));
     } else if (key == "pipeline") {
       if (!v.is_string()) field_error(source, "pipeline", kPipelineNames, v);
-      c.pipeline = v.get<std::string>();
-      bool known = false;
-      for (const char* p : kPipelines) known = known || c.pipeline == p;
-      if (!known) field_error(source, "pipeline", kPipelineNames, v);
+      if (canonical_pipeline(v.get<std::string>()).empty()) field_error(source, "pipeline", kPipelineNames, v);
+      c.pipeline(v.get<std::string>());
     } else if (key == "virtual_pipeline_model_parallel_size") {
-      c.virtual_pipeline_model_parallel_size = positive(source, "virtual_pipeline_model_parallel_size", v);
+      c.virtual_pipeline_model_parallel_size(positive(source, "virtual_pipeline_model_parallel_size", v));
     } else if (key == "ddp") {
       if (!v.is_boolean()) field_error(source, "ddp", "a boolean", v);
-      c.ddp = v.get<bool>();
+      c.ddp(v.get<bool>());
     } else {
       throw ConfigError(source + ": field \"" + key +
                         "\": unknown (expected partitions, tensor_parallel_degree, microbatches, pipeline, ddp, "
@@ -106,55 +134,52 @@ Config Config::from_environment() {
 
 std::string Config::to_json() const {
   json::Value doc;
-  doc["partitions"] = partitions;
+  doc["partitions"] = partitions_;
   // Only when set: a configuration without tensor parallelism reads as it
   // did before the field existed.
-  if (tensor_parallel_degree != 1) doc["tensor_parallel_degree"] = tensor_parallel_degree;
-  doc["microbatches"] = microbatches;
-  doc["pipeline"] = pipeline;
-  doc["ddp"] = ddp;
-  if (virtual_pipeline_model_parallel_size != 1)
-    doc["virtual_pipeline_model_parallel_size"] = virtual_pipeline_model_parallel_size;
+  if (tensor_parallel_degree_ != 1) doc["tensor_parallel_degree"] = tensor_parallel_degree_;
+  doc["microbatches"] = microbatches_;
+  doc["pipeline"] = pipeline_;
+  doc["ddp"] = ddp_;
+  if (virtual_pipeline_model_parallel_size_ != 1)
+    doc["virtual_pipeline_model_parallel_size"] = virtual_pipeline_model_parallel_size_;
   return json::dump(doc);
 }
 
 void Config::validate(int world_size) const {
   const std::string what = "smp configuration " + to_json() + " on " + std::to_string(world_size) + " processes: ";
-  if (partitions < 1) throw ConfigError(what + "partitions must be at least 1");
-  if (tensor_parallel_degree < 1) throw ConfigError(what + "tensor_parallel_degree must be at least 1");
-  if (microbatches < 1) throw ConfigError(what + "microbatches must be at least 1");
-  bool known = false;
-  for (const char* p : kPipelines) known = known || pipeline == p;
-  if (!known)
-    throw ConfigError(what + "unknown pipeline \"" + pipeline +
-                      "\" (expected interleaved, simple, zero_bubble or interleaved_virtual)");
-  if (virtual_pipeline_model_parallel_size < 1)
+  if (partitions_ < 1) throw ConfigError(what + "partitions must be at least 1");
+  if (tensor_parallel_degree_ < 1) throw ConfigError(what + "tensor_parallel_degree must be at least 1");
+  if (microbatches_ < 1) throw ConfigError(what + "microbatches must be at least 1");
+  if (canonical_pipeline(pipeline_).empty())
+    throw ConfigError(what + "unknown pipeline \"" + pipeline_ + "\" (expected " + kPipelineNames + ")");
+  if (virtual_pipeline_model_parallel_size_ < 1)
     throw ConfigError(what + "virtual_pipeline_model_parallel_size must be at least 1");
-  if (virtual_pipeline_model_parallel_size > 1 && pipeline != "interleaved_virtual")
+  if (virtual_pipeline_model_parallel_size_ > 1 && pipeline_ != "interleaved_virtual")
     throw ConfigError(what + "virtual_pipeline_model_parallel_size " +
-                      std::to_string(virtual_pipeline_model_parallel_size) + " needs the pipeline \"interleaved_virtual\" (the "
-                      "only schedule with virtual stages), not \"" + pipeline + "\"");
-  if (tensor_parallel_degree == 1) {
-    if (world_size % partitions != 0)
+                      std::to_string(virtual_pipeline_model_parallel_size_) + " needs the pipeline \"interleaved_virtual\" (the "
+                      "only schedule with virtual stages), not \"" + pipeline_ + "\"");
+  if (tensor_parallel_degree_ == 1) {
+    if (world_size % partitions_ != 0)
       throw ConfigError(what + "the world of " + std::to_string(world_size) + " processes is not divisible into " +
-                        std::to_string(partitions) + " partitions");
-    if (!ddp && world_size != partitions)
-      throw ConfigError(what + "with ddp off the world must be exactly the " + std::to_string(partitions) +
-                        " partitions (dp_size " + std::to_string(world_size / partitions) + " needs ddp on)");
+                        std::to_string(partitions_) + " partitions");
+    if (!ddp_ && world_size != partitions_)
+      throw ConfigError(what + "with ddp off the world must be exactly the " + std::to_string(partitions_) +
+                        " partitions (dp_size " + std::to_string(world_size / partitions_) + " needs ddp on)");
     return;
   }
-  const long long mp = static_cast<long long>(partitions) * tensor_parallel_degree;
-  const std::string replica = std::to_string(partitions) + " partitions x tensor_parallel_degree " +
-                              std::to_string(tensor_parallel_degree) + " = " + std::to_string(mp) + " processes";
+  const long long mp = static_cast<long long>(partitions_) * tensor_parallel_degree_;
+  const std::string replica = std::to_string(partitions_) + " partitions x tensor_parallel_degree " +
+                              std::to_string(tensor_parallel_degree_) + " = " + std::to_string(mp) + " processes";
   if (world_size % mp != 0)
     throw ConfigError(what + "the world of " + std::to_string(world_size) +
                       " processes is not divisible into model replicas of " + replica);
-  if (!ddp && world_size != mp)
+  if (!ddp_ && world_size != mp)
     throw ConfigError(what + "with ddp off the world must be exactly one model replica of " + replica + " (dp_size " +
                       std::to_string(world_size / mp) + " needs ddp on)");
 }
 
-int Config::mp_size() const { return partitions * tensor_parallel_degree; }
+int Config::mp_size() const { return partitions_ * tensor_parallel_degree_; }
 
 Layout::Layout(int size, int mp_size) : size_(size), mp_size_(mp_size) {
   if (size < 1 || mp_size < 1 || size % mp_size != 0)

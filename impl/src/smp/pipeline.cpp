@@ -981,7 +981,7 @@ DistributedModel::DistributedModel(std::shared_ptr<torch::nn::Module> model, std
   m.stage = pp_rank();
   m.stages = pp_size();
   // One rank holds the whole model: nothing to interleave (docs/pipeline.md).
-  m.v = m.stages > 1 ? config().virtual_pipeline_model_parallel_size : 1;
+  m.v = m.stages > 1 ? config().virtual_pipeline_model_parallel_size() : 1;
   detail::Stages st = detail::split_into_stages(model, split_points, m.stages, m.v);
   m.names = std::move(st.names);
   m.children = std::move(st.children);
@@ -1123,8 +1123,8 @@ PipelineStep::PipelineStep(int microbatches, std::string fingerprint) {
   const int ranks = pipelined ? pp_size() : 1, me = pipelined ? pp_rank() : 0;
   // The whole schedule, verified on every rank before anything is sent: a
   // bad one raises the same ScheduleError everywhere (docs/pipeline.md).
-  const int v = pipelined && ranks > 1 ? config().virtual_pipeline_model_parallel_size : 1;
-  const Schedule s = step_schedule(ranks, microbatches, pipelined ? config().pipeline : std::string("simple"), v);
+  const int v = pipelined && ranks > 1 ? config().virtual_pipeline_model_parallel_size() : 1;
+  const Schedule s = step_schedule(ranks, microbatches, pipelined ? config().pipeline() : std::string("simple"), v);
   verify(s);
   std::vector<Action> list = with_comms(s).actions[me];
   // The step function runs at the forward of the model's call: of the

@@ -140,7 +140,7 @@ void init(const Config& config) {
   free_at_finalize_once();
   free_comms(s);
   s.config = config;
-  s.layout = std::make_unique<Layout>(size, config.partitions, config.tensor_parallel_degree);
+  s.layout = std::make_unique<Layout>(size, config.partitions(), config.tensor_parallel_degree());
   s.rank = rank;
   s.size = size;
   // Communicator creation blocks inside MPICH (no yielding variant of

@@ -3,6 +3,8 @@
 // LibTorch; the executor (pipeline.cpp) runs what these functions produce.
 #include "partita/smp/schedule.hpp"
 
+#include "partita/smp.hpp"  // canonical_pipeline
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -234,12 +236,16 @@ const Named kNames[] = {{"gpipe", "gpipe"},
                         {"interleaved_virtual", "interleaved_1f1b"},
                         {"zero_bubble", "zb_h1"}};
 
+// A builtin's own name, or any name smp::Config takes (smp's and
+// torch.distributed.pipelining's, either case: canonical_pipeline).
 std::string builtin_of(const std::string& name) {
+  const std::string smp_name = canonical_pipeline(name);
   for (const auto& n : kNames)
-    if (name == n.name) return n.builtin;
+    if (name == n.name || smp_name == n.name) return n.builtin;
   std::string known;
   for (const auto& n : kNames) known += (known.empty() ? "" : ", ") + std::string(n.name);
-  fail("unknown schedule \"" + name + "\" (expected one of " + known + ")");
+  fail("unknown schedule \"" + name + "\" (expected one of " + known + ", or torch.distributed.pipelining's "
+       "GPipe, 1F1B, Interleaved1F1B, ZBH1)");
 }
 }  // namespace
 

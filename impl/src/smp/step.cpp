@@ -85,45 +85,45 @@ MicrobatchScope::~MicrobatchScope() {
 }
 
 int resolve_microbatches(const StepOptions& o, size_t arg_count) {
-  if (!o.arg_names.empty() && o.arg_names.size() != arg_count)
-    throw UsageError("smp::step: arg_names lists " + std::to_string(o.arg_names.size()) +
+  if (!o.arg_names().empty() && o.arg_names().size() != arg_count)
+    throw UsageError("smp::step: arg_names lists " + std::to_string(o.arg_names().size()) +
                      " names, the step was called with " + std::to_string(arg_count) + " arguments");
   auto known = [&](const std::string& name, const char* option) {
-    if (std::find(o.arg_names.begin(), o.arg_names.end(), name) == o.arg_names.end())
+    if (std::find(o.arg_names().begin(), o.arg_names().end(), name) == o.arg_names().end())
       throw UsageError(std::string("smp::step: ") + option + " names \"" + name +
                        "\", which is not in arg_names");
   };
-  for (const auto& n : o.non_split_inputs) known(n, "non_split_inputs");
-  for (const auto& [n, axis] : o.input_split_axes) known(n, "input_split_axes");
-  for (size_t p : o.non_split_positions)
+  for (const auto& n : o.non_split_inputs()) known(n, "non_split_inputs");
+  for (const auto& [n, axis] : o.input_split_axes()) known(n, "input_split_axes");
+  for (size_t p : o.non_split_positions())
     if (p >= arg_count)
       throw UsageError("smp::step: non_split_positions holds " + std::to_string(p) + ", the step has " +
                        std::to_string(arg_count) + " arguments");
-  for (const auto& [p, axis] : o.split_axes_by_position)
+  for (const auto& [p, axis] : o.split_axes_by_position())
     if (p >= arg_count)
       throw UsageError("smp::step: split_axes_by_position holds " + std::to_string(p) + ", the step has " +
                        std::to_string(arg_count) + " arguments");
-  if (o.microbatches < 0) throw UsageError("smp::step: microbatches must be positive");
-  return o.microbatches > 0 ? o.microbatches : config().microbatches;
+  if (o.microbatches() < 0) throw UsageError("smp::step: microbatches must be positive");
+  return o.microbatches() > 0 ? o.microbatches() : config().microbatches();
 }
 
 bool is_split(const StepOptions& o, size_t i) {
-  if (o.non_split_positions.count(i)) return false;
-  if (i < o.arg_names.size() &&
-      std::find(o.non_split_inputs.begin(), o.non_split_inputs.end(), o.arg_names[i]) != o.non_split_inputs.end())
+  if (o.non_split_positions().count(i)) return false;
+  if (i < o.arg_names().size() &&
+      std::find(o.non_split_inputs().begin(), o.non_split_inputs().end(), o.arg_names()[i]) != o.non_split_inputs().end())
     return false;
   return true;
 }
 
 int64_t split_axis(const StepOptions& o, size_t i) {
-  if (auto it = o.split_axes_by_position.find(i); it != o.split_axes_by_position.end()) return it->second;
-  if (i < o.arg_names.size())
-    if (auto it = o.input_split_axes.find(o.arg_names[i]); it != o.input_split_axes.end()) return it->second;
+  if (auto it = o.split_axes_by_position().find(i); it != o.split_axes_by_position().end()) return it->second;
+  if (i < o.arg_names().size())
+    if (auto it = o.input_split_axes().find(o.arg_names()[i]); it != o.input_split_axes().end()) return it->second;
   return 0;
 }
 
 std::string arg_label(const StepOptions& o, size_t i) {
-  return i < o.arg_names.size() ? "argument \"" + o.arg_names[i] + "\"" : "argument " + std::to_string(i);
+  return i < o.arg_names().size() ? "argument \"" + o.arg_names()[i] + "\"" : "argument " + std::to_string(i);
 }
 
 }  // namespace detail

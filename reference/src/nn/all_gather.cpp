@@ -42,11 +42,11 @@ Tensors all_gather(const Partition& P_x, int axis, int64_t dim, const Tensors& x
 
 // The partition dimensions DistDL's axes name, checked, ascending.
 std::vector<int> distdl_axes(const char* axes_name, const Partition& P_x, const GatherAxes& a) {
-  if (a.axes && a.axes_keep) throw PartitionError(std::string("both ") + axes_name + " and axes_keep", rule_code::kGatherAxesChoice);
-  if (!a.axes && !a.axes_keep) throw PartitionError(std::string("neither ") + axes_name + " nor axes_keep", rule_code::kGatherAxesChoice);
+  if (a.axes() && a.axes_keep()) throw PartitionError(std::string("both ") + axes_name + " and axes_keep", rule_code::kGatherAxesChoice);
+  if (!a.axes() && !a.axes_keep()) throw PartitionError(std::string("neither ") + axes_name + " nor axes_keep", rule_code::kGatherAxesChoice);
   const int n = static_cast<int>(P_x.shape().size());
-  const std::vector<int>& listed = a.axes ? *a.axes : *a.axes_keep;
-  for (const std::vector<int>* dims : {&listed, &a.scale_backward})
+  const std::vector<int>& listed = a.axes() ? *a.axes() : *a.axes_keep();
+  for (const std::vector<int>* dims : {&listed, &a.scale_backward()})
     for (size_t i = 0; i < dims->size(); ++i) {
       if ((*dims)[i] < 0 || (*dims)[i] >= n) throw PartitionError("a dimension out of range", rule_code::kGatherAxesRange);
       for (size_t j = 0; j < i; ++j)
@@ -55,7 +55,7 @@ std::vector<int> distdl_axes(const char* axes_name, const Partition& P_x, const 
   std::vector<int> out;
   for (int d = 0; d < n; ++d) {
     const bool in = std::find(listed.begin(), listed.end(), d) != listed.end();
-    if (in == a.axes.has_value()) out.push_back(d);
+    if (in == a.axes().has_value()) out.push_back(d);
   }
   return out;
 }
@@ -67,7 +67,7 @@ Tensors all_gather(const Partition& P_x, const GatherAxes& axes, const Tensors& 
     for (auto& t : y) t = t.clone();
   for (int d : dims) y = all_gather(P_x, d, d, y);
   double factor = 1;
-  for (int d : axes.scale_backward) factor *= static_cast<double>(P_x.shape()[d]);
+  for (int d : axes.scale_backward()) factor *= static_cast<double>(P_x.shape()[d]);
   if (factor != 1)
     for (auto& t : y)  // the same values; d t / d y = 1 / factor (no gradient: no scaling)
       if (t.requires_grad()) t = t.detach() + (t - t.detach()) / factor;

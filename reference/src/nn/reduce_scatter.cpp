@@ -29,7 +29,7 @@ Tensors reduce_scatter(const Partition& P_x, int axis, int64_t dim, const Tensor
 std::vector<int> distdl_axes(const char* axes_name, const Partition& P_x, const GatherAxes& a);
 
 Tensors reduce_scatter(const Partition& P_x, const GatherAxes& axes, const Tensors& x) {
-  if (!axes.scale_backward.empty()) throw PartitionError("scale_backward is AllGather's", rule_code::kScaleBackward);
+  if (!axes.scale_backward().empty()) throw PartitionError("scale_backward is AllGather's", rule_code::kScaleBackward);
   Tensors y = x;
   const auto dims = distdl_axes("axes_reduce_scatter", P_x, axes);
   if (dims.empty())

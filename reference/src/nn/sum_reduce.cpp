@@ -7,9 +7,9 @@ namespace partita::reference {
 Tensors sum_reduce(const Partition& P_x, const Partition& P_y, const Tensors& x,
                    const Options& o) {
   // The partitions' rules first, then the tensors' (as in broadcast.cpp).
-  const SendRecv teams = P_x.create_reduction_partition_to(P_y, o.transpose_src, o.transpose_dest);
+  const SendRecv teams = P_x.create_reduction_partition_to(P_y, o.transpose_src(), o.transpose_dest());
   check_inputs("sum_reduce", P_x, x);
-  return over_receivers(P_x, P_y, x, o.preserve_batch, [&](int me) {
+  return over_receivers(P_x, P_y, x, o.preserve_batch(), [&](int me) {
     // Add up the inputs of every worker whose P_send is this worker's team.
     const int label = teams.recv_label[me];
     at::Tensor sum;

@@ -52,7 +52,7 @@ struct Pending;
 struct StaticSite;
 }  // namespace detail
 
-// Issue 34 item 2 (docs/static-shapes.md): a call site's promise that every
+// Static shapes (docs/static-shapes.md): a call site's promise that every
 // call made with it passes, on every rank, a tensor of the dtype and shape
 // and the same arguments (root, axes, numelem, op) as its first call. The
 // first call exchanges and checks every rank's shape as without it; later

@@ -87,7 +87,7 @@ class Partition {
   Bytes broadcast_data(const Bytes& data, int root, const Partition& P_data) const;
   std::vector<Bytes> allgather_data(const Bytes& data) const;
   // The same for tensors (seed 000: the data carry their own dtype and
-  // shape; issue 9 A3): the receivers learn the root's dtype and shape with
+  // shape): the receivers learn the root's dtype and shape with
   // its values, whatever they passed (any tensor, or an undefined one).
   // Inactive ranks get an undefined tensor (allgather: an empty list)
   // without communicating. Defined in tensor_data.cpp.

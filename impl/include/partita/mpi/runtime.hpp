@@ -7,7 +7,7 @@
 // the rank it waits for needs, and a one-float allreduce goes from 1 us to
 // 60 ms at 12 ranks. partita therefore starts operations non-blocking and
 // finishes them with MPI_Test in a loop that yields the core between tests
-// when ranks outnumber cores (DESIGN.md has the measured figures), or when
+// when ranks outnumber cores (docs/design.md, "The waiting policy", has the measured figures), or when
 // a deadline or a wait interrupt needs its own loop; under the spin policy
 // otherwise it runs the blocking forms, which MPICH runs faster
 // (blocking_waits(), call(); docs/mpi-runtime.md, "Blocking calls").
@@ -51,7 +51,7 @@ const char* wait_policy_name(WaitPolicy policy);
 
 // Finish requests under the waiting policy. `what` names the operation.
 //
-// Deadline mode (issue 18; docs/mpi-runtime.md): when a deadline is set, a
+// Deadline mode (docs/mpi-runtime.md): when a deadline is set, a
 // wait that has not finished after that many seconds throws
 // partita::DeadlineError naming the operation, and the requests are
 // abandoned: the case fails, not the job. PARTITA_DEADLINE=S sets it at
@@ -134,7 +134,7 @@ long deadline_misses();
 // it never finish). Partitions made before keep their old communicators.
 void renew_world();
 
-// The debug setting of static shapes (issue 34 item 2, docs/static-shapes.md):
+// The debug setting of static shapes (docs/static-shapes.md):
 // PARTITA_CHECK_STATIC_SHAPES=1 at start-up, or set_check_static_shapes(true),
 // makes every call of a layer or call site with static shapes exchange and
 // compare every rank's shapes with its first call's, so that a broken

@@ -1,5 +1,5 @@
 // partita::nn::AllGather along one dimension of a Cartesian partition
-// (DESIGN.md); its adjoint, partita::nn::ReduceScatter, is in
+// (docs/design.md, "The primitives"); its adjoint, partita::nn::ReduceScatter, is in
 // reduce_scatter.hpp (included here, where it was declared before).
 //
 // Teams: the workers of P_x that differ only along partition dimension

@@ -1,7 +1,7 @@
 // partita::nn::Broadcast — seed 000/001 Broadcast as a torch::nn module.
 //
 // Forward: every worker of P_y receives a copy of the subtensor held by the
-// P_x worker it is paired with by the broadcast rules (DESIGN.md); a worker
+// P_x worker it is paired with by the broadcast rules (docs/design.md); a worker
 // only in P_x returns a zero-volume tensor ({batch, 0} with preserve_batch);
 // a worker in neither returns a clone of its zero-volume input.
 // Adjoint: the sum-reduce over the same teams — each P_x worker receives the

@@ -1,5 +1,5 @@
 // partita::nn::functional — every primitive as a function (DistDL's
-// backends.mpi.functional, issue 9 A3). The torch::nn modules in this
+// backends.mpi.functional). The torch::nn modules in this
 // folder are thin wrappers: each holds one plan and its forward calls the
 // function below with it, so a module and the function on the same plan
 // run the same code.
@@ -140,7 +140,7 @@ class HaloExchangePlan {
 at::Tensor halo_exchange(const at::Tensor& x, const HaloExchangePlan& plan);
 // In place, as DistDL's HaloExchange (its mark_dirty): fills the ghosts of
 // `x` itself and returns `x`, its history rebased onto the exchange so that
-// backward runs the adjoint. No copy of the window is made (issue 15: this
+// backward runs the adjoint. No copy of the window is made (this
 // is the form that runs at the speed of a hand-written exchange). `x` must
 // not be a leaf that requires grad (a ShapeError on every rank of P_x, rule
 // input.in_place_leaf); the adjoint reuses the incoming gradient's storage

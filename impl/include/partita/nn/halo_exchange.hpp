@@ -1,4 +1,4 @@
-// partita::nn::HaloExchange on a Cartesian partition (DESIGN.md,
+// partita::nn::HaloExchange on a Cartesian partition (docs/design.md,
 // docs/primitives.md).
 //
 // Every worker of P_x passes its window: its bulk with `left[k]` ghost
@@ -34,7 +34,7 @@ namespace partita::nn {
 
 class HaloExchangeImpl : public torch::nn::Module {
  public:
-  // kNew: a new tensor (DESIGN.md's default); kInPlace: x itself.
+  // kNew: a new tensor (the default: outputs are new storage); kInPlace: x itself.
   enum class Storage { kNew, kInPlace };
   HaloExchangeImpl(const mpi::Partition& P_x, Shape left, Shape right,
                    Storage storage = Storage::kNew, Shapes shapes = Shapes::kPerCall);

@@ -38,14 +38,16 @@
 #include <optional>
 #include <string>
 
+#include "partita/arg.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/shape.hpp"
 
 namespace partita::nn {
 
+// Set in LibTorch's style: LinearOptions().bias(false).dtype(at::kDouble).
 struct LinearOptions {
-  bool bias = true;
-  at::ScalarType dtype = at::kFloat;
+  PARTITA_ARG(bool, bias) = true;
+  PARTITA_ARG(at::ScalarType, dtype) = at::kFloat;
 };
 
 namespace detail {
@@ -139,19 +141,23 @@ class DistributedLinearImpl : public DistributedLinearBase {
 };
 TORCH_MODULE(DistributedLinear);
 
-// P_y: D x ... x 1 x M, holds y (and x when P_x is null). P_x (optional):
-// D x ... x M x 1 on the same workers, x split along the tokens.
+// Every distributed Linear layer takes its partitions first, in one order
+// (x's, y's, then W's where it has one), then in_features, out_features and
+// LinearOptions, as DistributedLinear(P_x, P_y, P_W, in, out) does.
+//
+// P_y: D x ... x 1 x M, holds y (and x when P_x is the null partition,
+// mpi::Partition()). P_x (or null): D x ... x M x 1 on the same workers, x
+// split along the tokens.
 class DistributedLinearAllGatherImpl : public DistributedLinearBase {
  public:
-  DistributedLinearAllGatherImpl(const mpi::Partition& P_y, int64_t in_features,
-                                 int64_t out_features, LinearOptions options = {},
-                                 const mpi::Partition& P_x = {});
+  DistributedLinearAllGatherImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+                                 int64_t in_features, int64_t out_features,
+                                 LinearOptions options = {});
   torch::Tensor forward(const torch::Tensor& x) override;
 
  protected:
-  DistributedLinearAllGatherImpl(bool zero, const mpi::Partition& P_y, int64_t in_features,
-                                 int64_t out_features, LinearOptions options,
-                                 const mpi::Partition& P_x);
+  DistributedLinearAllGatherImpl(bool zero, const mpi::Partition& P_x, const mpi::Partition& P_y,
+                                 int64_t in_features, int64_t out_features, LinearOptions options);
 
  private:
   struct Parts;
@@ -162,25 +168,24 @@ TORCH_MODULE(DistributedLinearAllGather);
 // W additionally sharded over data-parallel axis 0 (ZeRO-3).
 class DistributedLinearAllGatherZeroImpl : public DistributedLinearAllGatherImpl {
  public:
-  DistributedLinearAllGatherZeroImpl(const mpi::Partition& P_y, int64_t in_features,
-                                     int64_t out_features, LinearOptions options = {},
-                                     const mpi::Partition& P_x = {});
+  DistributedLinearAllGatherZeroImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+                                     int64_t in_features, int64_t out_features,
+                                     LinearOptions options = {});
 };
 TORCH_MODULE(DistributedLinearAllGatherZero);
 
-// P_x: D x ... x 1 x M, holds x (and y when P_y is null). P_y (optional):
-// D x ... x M x 1 on the same workers, y split along the tokens.
+// P_x: D x ... x 1 x M, holds x (and y when P_y is the null partition). P_y
+// (or null): D x ... x M x 1 on the same workers, y split along the tokens.
 class DistributedLinearReduceScatterImpl : public DistributedLinearBase {
  public:
-  DistributedLinearReduceScatterImpl(const mpi::Partition& P_x, int64_t in_features,
-                                     int64_t out_features, LinearOptions options = {},
-                                     const mpi::Partition& P_y = {});
+  DistributedLinearReduceScatterImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+                                     int64_t in_features, int64_t out_features,
+                                     LinearOptions options = {});
   torch::Tensor forward(const torch::Tensor& x) override;
 
  protected:
-  DistributedLinearReduceScatterImpl(bool zero, const mpi::Partition& P_x, int64_t in_features,
-                                     int64_t out_features, LinearOptions options,
-                                     const mpi::Partition& P_y);
+  DistributedLinearReduceScatterImpl(bool zero, const mpi::Partition& P_x, const mpi::Partition& P_y,
+                                     int64_t in_features, int64_t out_features, LinearOptions options);
 
  private:
   struct Parts;
@@ -190,9 +195,9 @@ TORCH_MODULE(DistributedLinearReduceScatter);
 
 class DistributedLinearReduceScatterZeroImpl : public DistributedLinearReduceScatterImpl {
  public:
-  DistributedLinearReduceScatterZeroImpl(const mpi::Partition& P_x, int64_t in_features,
-                                         int64_t out_features, LinearOptions options = {},
-                                         const mpi::Partition& P_y = {});
+  DistributedLinearReduceScatterZeroImpl(const mpi::Partition& P_x, const mpi::Partition& P_y,
+                                         int64_t in_features, int64_t out_features,
+                                         LinearOptions options = {});
 };
 TORCH_MODULE(DistributedLinearReduceScatterZero);
 

@@ -1,5 +1,5 @@
 // partita::nn::ReduceScatter along one dimension of a Cartesian partition
-// (DESIGN.md).
+// (docs/design.md, "The primitives").
 //
 // Teams: the workers of P_x that differ only along partition dimension
 // `axis`, in order along it.

@@ -1,5 +1,5 @@
 // The MPI communicators behind partita::smp's groups, for code built on smp
-// (the pipeline of issue 14). Valid until the next smp::init.
+// (the pipeline). Valid until the next smp::init.
 #pragma once
 
 #include <mpi.h>

@@ -1,7 +1,7 @@
-// Pipeline-parallel execution (seed 004's smp.DistributedModel, issue 14;
+// Pipeline-parallel execution (seed 004's smp.DistributedModel;
 // docs/pipeline.md).
 //
-//   smp::init({/*partitions=*/4, /*microbatches=*/8, "interleaved"});
+//   smp::init(smp::Config().partitions(4).microbatches(8).pipeline("1F1B"));
 //   torch::nn::Sequential net(...);             // the whole model, on every rank
 //   smp::DistributedModel model(net);            // keeps this rank's stage
 //   auto train = smp::step([&](at::Tensor x, at::Tensor y) {

@@ -1,4 +1,4 @@
-// Pipeline schedules as data (issue 31, docs/pipeline.md "Schedules as
+// Pipeline schedules as data (docs/pipeline.md "Schedules as
 // data"): for every rank of the pipeline an ordered list of actions, the
 // built-in schedules (GPipe, 1F1B, Megatron's interleaved 1F1B with v
 // virtual stages per rank, ZB-H1), torch.distributed.pipelining's CSV
@@ -31,8 +31,8 @@ struct ScheduleError : UsageError {
 };
 
 // torch.distributed.pipelining's computation types and letters. Beware the
-// letters: "I" is the input-gradient backward (what the zero-bubble paper and
-// issue 31 call B), "B" the full backward (input and weight gradients at
+// letters: "I" is the input-gradient backward (what the zero-bubble paper
+// calls B), "B" the full backward (input and weight gradients at
 // once), "W" the weight-gradient backward.
 enum class ActionKind : uint8_t {
   kForward,         // F
@@ -186,7 +186,7 @@ double theoretical_bubble(const std::string& name, int ranks, int microbatches, 
 std::string timeline_text(const Schedule& s, const Simulation& sim);
 std::string timeline_svg(const Schedule& s, const Simulation& sim);
 
-// --- issue 14's interface ---------------------------------------------------------
+// --- the pipeline's interface ----------------------------------------------------------------
 
 enum class Pipeline { kSimple, kInterleaved };
 // "simple" / "interleaved" (the Config's pipeline field); ConfigError otherwise.

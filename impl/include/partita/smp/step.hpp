@@ -64,16 +64,20 @@ class StepOutput {
   std::vector<at::Tensor> outputs_;
 };
 
+// Set in LibTorch's style: StepOptions().arg_names({"x", "y"}).non_split_inputs({"y"}).
 struct StepOptions {
+  using SplitAxes = std::map<std::string, int64_t>;
+  using PositionAxes = std::map<size_t, int64_t>;
+
   // Names of the step function's arguments, in order, so that the two
   // options below can name them (C++ has no parameter names at run time).
-  std::vector<std::string> arg_names;
-  std::vector<std::string> non_split_inputs;         // by name
-  std::map<std::string, int64_t> input_split_axes;   // by name; default axis 0
-  std::set<size_t> non_split_positions;              // the same by position
-  std::map<size_t, int64_t> split_axes_by_position;
-  bool detach_outputs = true;
-  int microbatches = 0;  // 0: smp::config().microbatches
+  PARTITA_ARG(std::vector<std::string>, arg_names);
+  PARTITA_ARG(std::vector<std::string>, non_split_inputs);        // by name
+  PARTITA_ARG(SplitAxes, input_split_axes);                       // by name; default axis 0
+  PARTITA_ARG(std::set<size_t>, non_split_positions);             // the same by position
+  PARTITA_ARG(PositionAxes, split_axes_by_position);
+  PARTITA_ARG(bool, detach_outputs) = true;
+  PARTITA_ARG(int, microbatches) = 0;  // 0: smp::config().microbatches()
 };
 
 // Inside a step: which microbatch runs, and how many there are. UsageError
@@ -409,7 +413,7 @@ class Step {
         for (auto& r : per_mb)
           for (at::Tensor* t : tensors(r)) all.push_back(t);
         pipe.finish(all);
-        return Collect<R>::make(std::move(per_mb), o_.detach_outputs);
+        return Collect<R>::make(std::move(per_mb), o_.detach_outputs());
       }
     } catch (...) {
       pipe.fail(std::current_exception());

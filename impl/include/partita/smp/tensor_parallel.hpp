@@ -5,8 +5,8 @@
 //
 //   smp::init(config);                                  // partitions x tensor_parallel_degree
 //   auto P = smp::stage_partitions(stage);              // every rank, every stage, same order
-//   nn::DistributedLinearAllGather up(P.features, H, F, {}, P.tokens);
-//   nn::DistributedLinearReduceScatter down(P.features, F, H, {}, P.tokens);
+//   nn::DistributedLinearAllGather up(P.tokens, P.features, H, F);
+//   nn::DistributedLinearReduceScatter down(P.features, P.tokens, F, H);
 //
 // An activation [batch, ..., tokens, features] of the stage is split over
 // the partitions' workers: batch over dp (axis 0), and over tp either its

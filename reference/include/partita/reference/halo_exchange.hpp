@@ -4,7 +4,7 @@
 
 namespace partita::reference {
 
-// The halo exchange on a Cartesian P_x (DESIGN.md, docs/primitives.md):
+// The halo exchange on a Cartesian P_x (docs/design.md, docs/primitives.md):
 // every P_x worker passes its window, its bulk with `left[k]` and
 // `right[k]` ghost slots along each tensor dimension k (P_x padded with
 // leading ones to the tensor's dimensions). The bulks tile a global tensor;

@@ -35,7 +35,7 @@ struct Case {
   int axis = 0;                      // all_gather / reduce_scatter: partition dimension
   int64_t dim = 0;                   // ... and tensor dimension
   // all_gather / reduce_scatter in DistDL's form instead of axis and dim
-  // (issue 9): fields axes_all_gather (all_gather) or axes_reduce_scatter
+  //: fields axes_all_gather (all_gather) or axes_reduce_scatter
   // (reduce_scatter), axes_keep, scale_backward (all_gather).
   std::optional<GatherAxes> distdl;
   Shape left, right;                 // halo_exchange: ghost widths per tensor dimension
@@ -63,14 +63,14 @@ struct Case {
   // world rank r (the documented, reproducible scheme); present, random
   // values drawn from this seed and the rank (property tests).
   std::optional<uint64_t> data_seed;
-  // With data_seed, what is drawn (issue 9): "integers" (default), values in
+  // With data_seed, what is drawn: "integers" (default), values in
   // [-8, 8] ([0, 8] for uint8), whose sums over any team are exact in every
   // dtype, so every result is compared bit for bit; or "normal", random
   // normal values (integers for integer dtypes), where sums in another order
   // differ in the last bits and reductions are compared elementwise within
   // the dtype's tolerance.
   std::string fill = "integers";
-  // World ranks whose output does not reach the loss (issue 18): their
+  // World ranks whose output does not reach the loss: their
   // backward receives an undefined gradient, which the reference treats as
   // zero. The primitive's backward must still run there (it is collective).
   Ranks unused_outputs;

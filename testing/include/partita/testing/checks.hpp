@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "partita/arg.hpp"
+
 namespace partita::testing {
 
 class Verdict;
@@ -111,11 +113,15 @@ std::string check_finite_differences(const DistributedFunction& f, uint64_t seed
                                      int cotangents = 1);
 
 // Which checks check_all runs.
+// Set in LibTorch's style: CheckOptions().dtypes({at::kDouble}).finite_differences(true).
 struct CheckOptions {
-  std::vector<at::ScalarType> dtypes = {at::kDouble, at::kFloat};
-  Tolerance tolerance;
-  bool forward = true, backward = true, adjoint = true, unused_output = true;
-  bool finite_differences = false;  // costs two calls of f per input element
+  PARTITA_ARG(std::vector<at::ScalarType>, dtypes) = {at::kDouble, at::kFloat};
+  PARTITA_ARG(Tolerance, tolerance);
+  PARTITA_ARG(bool, forward) = true;
+  PARTITA_ARG(bool, backward) = true;
+  PARTITA_ARG(bool, adjoint) = true;
+  PARTITA_ARG(bool, unused_output) = true;
+  PARTITA_ARG(bool, finite_differences) = false;  // costs two calls of f per input element
 };
 
 // Every selected check for one seed, each failure recorded in `v`.

@@ -63,7 +63,7 @@ std::string check_gradient(const mpi::Communicator& comm, const Call& c, uint64_
 // (drawn from seed + 29 per rank), this rank's input gradient of
 // sum_r <F(x)_r, v_r> equals the reference's (float dtypes).
 // `unused` (world ranks): there the output does not reach the loss; backward
-// gets an undefined gradient, the reference a zero cotangent (issue 18).
+// gets an undefined gradient, the reference a zero cotangent.
 std::string check_backward(const mpi::Communicator& comm, const Call& c, at::ScalarType dtype,
                            uint64_t seed, const std::vector<int>& unused = {});
 

@@ -11,7 +11,7 @@
 // and the command that replays the run. The first failing case is printed
 // at once, before shrinking starts.
 //
-// Deadline mode (issue 18): the harness agrees on its own communicator, not
+// Deadline mode: the harness agrees on its own communicator, not
 // on partita's. A case in which some wait missed its deadline (a
 // partita::DeadlineError: ranks disagreeing about a plan) fails like any
 // other, every rank prints what it was stuck in, and partita's world

@@ -1,4 +1,4 @@
-// The pipeline's central check (issue 14), shared by its spec test and its
+// The pipeline's central check, shared by its spec test and its
 // lockstep property: a model trained through smp::DistributedModel and
 // smp::step equals the same model trained on one process with the whole
 // batch (every replica's rows), loss, gradients and parameters, in float64.
@@ -40,7 +40,7 @@ torch::nn::Sequential build_model(const ModelSpec& spec);
 // model.backward(loss), return the loss.
 inline auto mse_step(smp::DistributedModel& model, int microbatches) {
   smp::StepOptions o;
-  o.microbatches = microbatches;
+  o.microbatches(microbatches);
   return smp::step(
       [&model](at::Tensor x, at::Tensor y) {
         at::Tensor loss = torch::mse_loss(model(x), y);
