@@ -513,7 +513,7 @@ TEST(CommunicatorDummies, InputsThatOnlyGiveTheEdgeGetZeros) {
   ASSERT_EQ(MPI_Irecv(adjoint.data_ptr(), 3, MPI_DOUBLE, next, 1 + comm.max_tag(), comm.comm(), &req),
             MPI_SUCCESS);
   (b * 2).sum().backward();
-  MPI_Wait(&req, MPI_STATUS_IGNORE);
+  mpi::wait(req, "the adjoint's receive");
   expect_ok(zero_grad(t, "irecv's t"));
   expect_ok(compare(adjoint, torch::full({3}, 2.0, at::kDouble)));
   // scatter's t off the root (not read there); the root's gets the gather.

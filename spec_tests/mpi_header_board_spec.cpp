@@ -29,6 +29,7 @@
 #include "partita/errors.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
+#include "partita/testing/checks.hpp"
 
 namespace partita::spec {
 namespace {
@@ -70,7 +71,9 @@ bool as_drawn(const mpi::Partition& P, int call, const std::vector<Header>& got)
 std::vector<Header> by_mpi(const mpi::Partition& P, const Header& mine) {
   std::vector<Header> all(static_cast<size_t>(P.size()));
   constexpr int n = sizeof(Header) / sizeof(int64_t);
-  EXPECT_EQ(MPI_Allgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, P.comm()), MPI_SUCCESS);
+  MPI_Request req;
+  EXPECT_EQ(MPI_Iallgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, P.comm(), &req), MPI_SUCCESS);
+  mpi::wait(req, "the headers' MPI_Iallgather");
   return all;
 }
 
@@ -187,7 +190,7 @@ TEST(HeaderBoard, BoardsOfFreedPartitionsAreReleased) {
   }
   EXPECT_TRUE(agreed(ok));
   // Rank 0 unlinks each segment once everyone has mapped it.
-  MPI_Barrier(mpi::world_comm());
+  testing::sync_ranks();
   EXPECT_EQ(board_names(), 0) << "a board's segment is still named in /dev/shm";
   // Each process maps its boards' segments: none of the thirty is left.
   int mapped = 0;

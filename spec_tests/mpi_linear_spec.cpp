@@ -13,6 +13,7 @@
 #include "partita/errors.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/linear.hpp"
+#include "partita/testing/checks.hpp"
 
 namespace partita::spec {
 namespace {
@@ -250,12 +251,11 @@ TEST_P(MpiLinear, AdjointIdentityInXAndW) {
   const at::Tensor dy = torch::randn(y.sizes(), y.options());
   torch::autograd::backward({y}, {dy});
   const auto& W = b.layer->local_weight();
-  double sums[5] = {(y.detach() * dy).sum().item<double>(),
-                    x.grad().defined() ? (x.detach() * x.grad()).sum().item<double>() : 0.0,
-                    W.defined() ? (W.detach() * W.grad()).sum().item<double>() : 0.0,
-                    y.detach().norm().item<double>() * dy.norm().item<double>(),
-                    x.detach().norm().item<double>()};
-  MPI_Allreduce(MPI_IN_PLACE, sums, 5, MPI_DOUBLE, MPI_SUM, mpi::world_comm());
+  const std::vector<double> sums = testing::sum_over_ranks(
+      {(y.detach() * dy).sum().item<double>(),
+       x.grad().defined() ? (x.detach() * x.grad()).sum().item<double>() : 0.0,
+       W.defined() ? (W.detach() * W.grad()).sum().item<double>() : 0.0,
+       y.detach().norm().item<double>() * dy.norm().item<double>(), x.detach().norm().item<double>()});
   const double scale = sums[3];
   bool ok = scale > 0 && std::abs(sums[0] - sums[1]) <= 1e-12 * scale &&
             std::abs(sums[0] - sums[2]) <= 1e-12 * scale && sums[4] > 0;
@@ -303,8 +303,7 @@ TEST_P(MpiLinear, SgdFollowsTorchLinear) {
     }
     if (y.requires_grad()) torch::autograd::backward({y}, {dy});
     distributed.step();
-    MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_DOUBLE, MPI_SUM, mpi::world_comm());
-    curve.push_back(share);
+    curve.push_back(testing::sum_over_ranks(share));
   }
   bool ok = torch_curve.back() < 0.9 * torch_curve.front();
   for (size_t i = 0; i < curve.size(); ++i)

@@ -37,22 +37,66 @@ at::Tensor rank_input(uint64_t seed, int rank, const Shape& shape, at::ScalarTyp
   return t;
 }
 
-double sum_over_ranks(double local) {
-  // Non-blocking and finished under partita's waiting policy: a blocking
-  // MPI_Allreduce spins, which costs milliseconds per call when ranks
-  // outnumber cores.
-  double all = 0;
+namespace {
+MPI_Comm g_checks = MPI_COMM_NULL;
+
+MPI_Comm duplicate_world(const char* what) {
+  MPI_Comm c = MPI_COMM_NULL;
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Iallreduce(&local, &all, 1, MPI_DOUBLE, MPI_SUM, harness_comm(), &req));
-  mpi::wait(req, "sum_over_ranks");
-  return all;
+  PARTITA_MPI_CHECK(MPI_Comm_idup(MPI_COMM_WORLD, &c, &req));
+  mpi::wait(req, what);
+  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  return c;
+}
+
+// Non-blocking and finished under partita's waiting policy (a blocking
+// MPI_Allreduce spins, which costs milliseconds per call when ranks
+// outnumber cores, and no deadline reaches it).
+void reduce(double* values, int n, MPI_Op op, const char* what) {
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, op, checks_comm(), &req));
+  mpi::wait(req, what);
+}
+}  // namespace
+
+MPI_Comm checks_comm() {
+  if (g_checks == MPI_COMM_NULL) g_checks = duplicate_world("checks_comm");
+  return g_checks;
+}
+
+void renew_after_missed_deadline() {
+  mpi::renew_world();
+  // The old one is abandoned, not freed: operations on it never finish.
+  g_checks = duplicate_world("renew_after_missed_deadline");
+}
+
+double sum_over_ranks(double local) {
+  reduce(&local, 1, MPI_SUM, "sum_over_ranks");
+  return local;
+}
+std::vector<double> sum_over_ranks(std::vector<double> local) {
+  reduce(local.data(), static_cast<int>(local.size()), MPI_SUM, "sum_over_ranks");
+  return local;
+}
+double min_over_ranks(double local) {
+  reduce(&local, 1, MPI_MIN, "min_over_ranks");
+  return local;
+}
+double max_over_ranks(double local) {
+  reduce(&local, 1, MPI_MAX, "max_over_ranks");
+  return local;
+}
+void sync_ranks() {
+  MPI_Request req;
+  PARTITA_MPI_CHECK(MPI_Ibarrier(checks_comm(), &req));
+  mpi::wait(req, "sync_ranks");
 }
 
 bool all_ranks(bool local_ok) { return sum_over_ranks(local_ok ? 0.0 : 1.0) == 0; }
 
 std::string agree(const std::string& local) {
   if (all_ranks(local.empty())) return "";
-  const auto all = mpi::allgather_strings(local, harness_comm());
+  const auto all = mpi::allgather_strings(local, checks_comm());
   std::string text;
   for (size_t r = 0; r < all.size(); ++r)
     if (!all[r].empty()) text += (text.empty() ? "" : "\n") + std::string("rank ") + std::to_string(r) + ": " + all[r];
@@ -268,7 +312,7 @@ std::string check_finite_differences(const DistributedFunction& f, uint64_t seed
     int64_t most = x0.numel();
     MPI_Request req;
     PARTITA_MPI_CHECK(
-        MPI_Iallreduce(MPI_IN_PLACE, &most, 1, MPI_INT64_T, MPI_MAX, harness_comm(), &req));
+        MPI_Iallreduce(MPI_IN_PLACE, &most, 1, MPI_INT64_T, MPI_MAX, checks_comm(), &req));
     mpi::wait(req, "check_finite_differences");
     constexpr double eps = 1e-6, atol = 1e-5, rtol = 1e-3;
     int bad = 0;
@@ -295,16 +339,16 @@ std::string check_finite_differences(const DistributedFunction& f, uint64_t seed
 }
 
 void check_all(const DistributedFunction& f, uint64_t seed, Verdict& v, const CheckOptions& o) {
-  for (const auto dtype : o.dtypes) {
-    if (o.forward) v.expect_empty(check_forward(f, dtype, seed, o.tolerance));
-    if (o.backward && at::isFloatingType(dtype))
-      v.expect_empty(check_backward(f, dtype, seed, {}, o.tolerance));
+  for (const auto dtype : o.dtypes()) {
+    if (o.forward()) v.expect_empty(check_forward(f, dtype, seed, o.tolerance()));
+    if (o.backward() && at::isFloatingType(dtype))
+      v.expect_empty(check_backward(f, dtype, seed, {}, o.tolerance()));
   }
-  if (o.backward && mpi::world_size() > 1)  // rank 0's output reaches no loss
-    v.expect_empty(check_backward(f, at::kDouble, seed, {0}, o.tolerance));
-  if (o.adjoint) v.expect_empty(check_adjoint(f, seed));
-  if (o.unused_output) v.expect_empty(check_unused_output(f, seed));
-  if (o.finite_differences) v.expect_empty(check_finite_differences(f, seed));
+  if (o.backward() && mpi::world_size() > 1)  // rank 0's output reaches no loss
+    v.expect_empty(check_backward(f, at::kDouble, seed, {0}, o.tolerance()));
+  if (o.adjoint()) v.expect_empty(check_adjoint(f, seed));
+  if (o.unused_output()) v.expect_empty(check_unused_output(f, seed));
+  if (o.finite_differences()) v.expect_empty(check_finite_differences(f, seed));
 }
 
 }  // namespace partita::testing

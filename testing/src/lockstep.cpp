@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "partita/testing/case.hpp"
+#include "partita/testing/checks.hpp"
 #include "partita/mpi/runtime.hpp"
 
 namespace partita::testing {
@@ -42,8 +43,10 @@ void set_current_case(const std::string& repro) { g_current_case = repro; }
 MPI_Comm harness_comm() {
   static MPI_Comm comm = [] {
     MPI_Comm c = MPI_COMM_NULL;
+    // raw-mpi-ok: made at the first use, which every rank reaches at once
     PARTITA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c));
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    checks_comm();  // the helpers' too, while every rank is here
     return c;
   }();
   return comm;
@@ -150,7 +153,7 @@ bool check_lockstep_impl(const std::string& name,
     PARTITA_MPI_CHECK(MPI_Iallreduce(local, global, 2, MPI_INT, MPI_MIN, comm, &req));
     harness_wait(req, lp, "verdict agreement");
     if (!global[1]) {
-      mpi::renew_world();  // stale operations stay on the old one
+      renew_after_missed_deadline();  // stale operations stay on the old ones
       ++deadline_cases;
     }
     if (global[0]) return;

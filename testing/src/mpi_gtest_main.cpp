@@ -2,22 +2,120 @@
 // only rank 0 printing the progress (other ranks print their failures, each
 // line tagged with the rank), one final summary agreed by all ranks (which
 // tests failed on which ranks), and one exit code agreed by all ranks.
+//
+// No wait of this file is unwatched (docs/testing-library.md, "No test can
+// hang"): every agreement between tests and at the end of the run is on a
+// communicator of its own (end_comm(), which no test body touches), under a
+// limit past which the waiting rank names the ranks that never arrived and
+// ends the job; each test runs under the watchdog between partita's waits.
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "partita/testing/lockstep.hpp"
+#include "partita/errors.hpp"
+#include "partita/mpi/progress.hpp"
 #include "partita/mpi/runtime.hpp"
+#include "partita/testing/checks.hpp"
+#include "partita/testing/lockstep.hpp"
 
 namespace {
+
+// The communicator of this file's agreements: made in main() while every
+// rank is there.
+MPI_Comm g_end = MPI_COMM_NULL;
+
+// How long a rank waits here for the others. With PARTITA_WAIT_TIMEOUT, ten
+// seconds more than it, so that a rank stuck in a test is named by its own
+// watchdog first; in deadline mode without it, four deadlines (at least
+// 30 s); otherwise no limit.
+double end_limit() {
+  const char* t = std::getenv("PARTITA_WAIT_TIMEOUT");
+  const double timeout = t ? std::atof(t) : 0;
+  if (timeout > 0) return timeout + 10;
+  if (partita::mpi::deadline() > 0) return std::max(30.0, 4 * partita::mpi::deadline());
+  return 0;
+}
+
+[[noreturn]] void end_job(const std::string& text) {
+  std::cerr << text << std::flush;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the launcher forward it
+  MPI_Abort(MPI_COMM_WORLD, 5);
+  std::abort();
+}
+
+// Finishes `requests` under the waiting policy and end_limit(). Past the
+// limit, names `where` and the ranks among `peers` (the sources of the
+// first peers.size() requests, receives) that never answered, and ends
+// the job.
+void finish_or_end(std::vector<MPI_Request>& requests, const std::vector<int>& peers,
+                   const std::string& where) {
+  const double limit = end_limit();
+  if (limit <= 0) return partita::mpi::wait_all(requests, "partita::testing's agreement between tests");
+  const auto start = std::chrono::steady_clock::now();
+  for (unsigned polls = 1;; ++polls) {
+    int done = 0;
+    PARTITA_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                                  MPI_STATUSES_IGNORE));
+    if (done) return;
+    if (partita::mpi::wait_policy() == partita::mpi::WaitPolicy::Yield) sched_yield();
+    if ((polls & 1023u) != 0) continue;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited < limit) continue;
+    std::string missing;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      int got = 0;
+      MPI_Test(&requests[i], &got, MPI_STATUS_IGNORE);
+      if (!got) missing += (missing.empty() ? "" : ",") + std::to_string(peers[i]);
+    }
+    std::ostringstream os;
+    os << "partita: rank " << partita::mpi::world_rank() << " waited " << waited << " s " << where
+       << " for rank" << (missing.find(',') == std::string::npos ? " " : "s ")
+       << (missing.empty() ? "?" : missing)
+       << ", which never got there: stuck where no deadline reaches (a raw MPI call, a loop); "
+          "ending the job\n";
+    end_job(os.str());
+  }
+}
+
+// Every rank's `mine`, on every rank: point to point on end_comm, so that
+// ranks that never arrive can be named.
+std::vector<int> exchange_flags(int mine, const std::string& where) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(g_end, &rank);
+  MPI_Comm_size(g_end, &size);
+  std::vector<int> all(size, mine), peers;
+  std::vector<MPI_Request> requests;
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    peers.push_back(r);
+    requests.emplace_back();
+    PARTITA_MPI_CHECK(MPI_Irecv(&all[r], 1, MPI_INT, r, 0, g_end, &requests.back()));
+  }
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    requests.emplace_back();
+    PARTITA_MPI_CHECK(MPI_Isend(&mine, 1, MPI_INT, r, 0, g_end, &requests.back()));
+  }
+  finish_or_end(requests, peers, where);
+  return all;
+}
+
+std::string test_name(const ::testing::TestInfo& t) {
+  return std::string(t.test_suite_name()) + "." + t.name();
+}
 
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
@@ -32,22 +130,31 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   int rank_;
 };
 
-// Deadline mode: a test in which some rank missed a deadline leaves stale
-// operations on partita's world communicator; every rank renews it before
-// the next test (the ranks run the same tests in the same order).
-class RenewAfterMissedDeadline : public ::testing::EmptyTestEventListener {
+// Around every test: the watchdog between partita's waits while it runs
+// (a rank stuck in it where no deadline reaches is named with the test);
+// after it, every rank waits for every other to finish it (the ranks run
+// the same tests in the same order) and learns whether any missed a
+// deadline, in which case stale operations sit on partita's world
+// communicator and the helpers': every rank renews both before the next
+// test.
+class BetweenTests : public ::testing::EmptyTestEventListener {
  public:
-  void OnTestEnd(const ::testing::TestInfo&) override {
-    if (partita::mpi::deadline() <= 0) return;
+  void OnTestStart(const ::testing::TestInfo& t) override {
+    watch_.emplace("test " + test_name(t));
+  }
+  void OnTestEnd(const ::testing::TestInfo& t) override {
+    watch_.reset();
+    if (partita::mpi::world_size() == 1) return;
     const long now = partita::mpi::deadline_misses();
-    int clean = now == seen_ ? 1 : 0, all_clean = 0;
+    const int clean = now == seen_ ? 1 : 0;
     seen_ = now;
-    MPI_Allreduce(&clean, &all_clean, 1, MPI_INT, MPI_MIN, partita::testing::harness_comm());
-    if (!all_clean) partita::mpi::renew_world();
+    const auto all = exchange_flags(clean, "after test " + test_name(t));
+    if (std::find(all.begin(), all.end(), 0) != all.end()) partita::testing::renew_after_missed_deadline();
   }
 
  private:
   long seen_ = 0;
+  std::optional<partita::mpi::ScopedProgressWatch> watch_;
 };
 
 // The end-of-run summary, agreed by the ranks. gtest's own summary on rank 0
@@ -57,8 +164,8 @@ class RenewAfterMissedDeadline : public ::testing::EmptyTestEventListener {
 // whether it missed a deadline no test expected); rank 0 prints gtest's
 // summary only when nothing failed anywhere, and otherwise its own, naming
 // each failing test with the ranks it failed on. The agreement is on the
-// harness's communicator, blocking, as every other agreement of this file
-// (a rank that never gets here is the watchdog's and ctest's care).
+// end_comm(), under end_limit() (a rank that never gets here is named by
+// the agreement after its last test, or by its watchdog).
 // On rank 0 this listener also carries gtest's printer and forwards every
 // other event to it.
 class AgreedSummary : public ::testing::TestEventListener {
@@ -67,7 +174,7 @@ class AgreedSummary : public ::testing::TestEventListener {
   explicit AgreedSummary(::testing::TestEventListener* printer) : printer_(printer) {}
 
   void OnTestIterationEnd(const ::testing::UnitTest& unit, int iteration) override {
-    const MPI_Comm comm = partita::testing::harness_comm();
+    const MPI_Comm comm = g_end;
     int rank = 0, size = 1;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
@@ -76,17 +183,20 @@ class AgreedSummary : public ::testing::TestEventListener {
     for (const auto& name : failed_here(unit)) mine += name + "\n";
     if (partita::mpi::deadline_misses() != partita::testing::expected_deadline_misses())
       mine += std::string(kUnexpectedMiss) + "\n";
-    int length = static_cast<int>(mine.size());
-    std::vector<int> lengths(size), starts(size);
-    MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
-    std::string all;
-    if (rank == 0) {
-      for (int r = 0, at = 0; r < size; ++r) starts[r] = at, at += lengths[r];
-      all.resize(static_cast<size_t>(starts[size - 1] + lengths[size - 1]));
-    }
-    MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), starts.data(), MPI_CHAR,
-                0, comm);
+    const std::vector<std::string> each = partita::mpi::allgather_strings(
+        mine, comm, [](MPI_Request& r) {
+          std::vector<MPI_Request> one{r};
+          finish_or_end(one, {}, "in the summary of the run");
+          r = one[0];
+        });
     if (rank != 0) return;
+    std::string all;
+    std::vector<int> lengths(size), starts(size);
+    for (int r = 0; r < size; ++r) {
+      starts[r] = static_cast<int>(all.size());
+      lengths[r] = static_cast<int>(each[r].size());
+      all += each[r];
+    }
     if (all.empty()) {  // nothing failed anywhere: gtest's summary is true
       if (printer_) printer_->OnTestIterationEnd(unit, iteration);
       return;
@@ -234,14 +344,19 @@ int main(int argc, char** argv) {
     listeners.Append(new RankFailurePrinter(rank));
   }
   listeners.Append(new AgreedSummary(printer));  // rank 0's printer lives in it
-  partita::testing::harness_comm();  // made now, while every rank is here
-  listeners.Append(new RenewAfterMissedDeadline);
+  partita::testing::harness_comm();  // made now, while every rank is here (the helpers' too)
+  // raw-mpi-ok: at start-up, every rank is here
+  PARTITA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_end));
+  MPI_Comm_set_errhandler(g_end, MPI_ERRORS_RETURN);
+  listeners.Append(new BetweenTests);
   const int local = RUN_ALL_TESTS();
   const long misses = partita::mpi::deadline_misses();
   const long unexpected = misses - partita::testing::expected_deadline_misses();
   // Passed, no miss at all, no unexpected miss (the minimum over the ranks).
   int in[3] = {local == 0 ? 1 : 0, misses == 0 ? 1 : 0, unexpected == 0 ? 1 : 0}, out[3];
-  MPI_Allreduce(in, out, 3, MPI_INT, MPI_MIN, partita::testing::harness_comm());
+  std::vector<MPI_Request> req(1);
+  PARTITA_MPI_CHECK(MPI_Iallreduce(in, out, 3, MPI_INT, MPI_MIN, g_end, &req[0]));
+  finish_or_end(req, {}, "at the end of the run");
   if (!out[1]) {
     // Operations abandoned at a deadline could keep MPI_Finalize waiting:
     // everything is reported, so end the job here, without it. A run whose

@@ -172,7 +172,7 @@ void await(const Board& b, MPI_Comm comm, uint64_t call, int r, const char* what
         }
         return seq_of(s) >= call;
       },
-      what);
+      what, /*abandons=*/true);  // counted: the world must be renewed after it
 }
 
 Board* board_of(MPI_Comm comm) {

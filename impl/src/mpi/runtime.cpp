@@ -17,6 +17,7 @@
 
 #include "partita/errors.hpp"
 #include "partita/mpi/poll.hpp"
+#include "partita/mpi/progress.hpp"
 
 namespace partita::mpi {
 
@@ -71,9 +72,19 @@ void print_watchdog(const char* what, double waited) {
 // (0: none running) and its name; a thread of its own samples them, and a
 // call still running with the same number after g_timeout seconds ends
 // the process. The thread starts with the first watched call.
+//
+// It also watches the thread between partita's waits while a
+// ScopedProgressWatch is alive (progress_on): every wait bumps `progress`
+// when it starts and when it ends and counts itself in `in_wait`; a thread
+// outside every wait whose `progress` stays the same for g_timeout seconds
+// is stuck where partita cannot see it (a raw MPI call, a loop).
 struct Watchdog {
   std::atomic<uint64_t> call{0};
   std::atomic<const char*> what{nullptr};
+  std::atomic<bool> progress_on{false};
+  std::atomic<uint64_t> progress{0};
+  std::atomic<int> in_wait{0};
+  char progress_what[256] = "";  // written before progress_on is set
   uint64_t calls = 0;  // numbers handed out (the calling thread only)
   std::mutex mutex;
   std::condition_variable wake;
@@ -83,10 +94,11 @@ struct Watchdog {
   void run() {
     using clock = std::chrono::steady_clock;
     const auto tick = std::chrono::duration<double>(std::clamp(g_timeout / 20, 0.01, 0.5));
-    uint64_t seen = 0;
-    clock::time_point since = clock::now();
+    uint64_t seen = 0, seen_progress = 0;
+    clock::time_point since = clock::now(), progress_since = since;
     std::unique_lock<std::mutex> lock(mutex);
     while (!wake.wait_for(lock, tick, [this] { return stop; })) {
+      check_progress(seen_progress, progress_since);
       const uint64_t now = call.load(std::memory_order_acquire);
       if (now == 0 || now != seen) {
         seen = now;
@@ -107,6 +119,40 @@ struct Watchdog {
       std::abort();
     }
   }
+  // The watch between waits (see above), from the watchdog's thread.
+  void check_progress(uint64_t& seen, std::chrono::steady_clock::time_point& since) {
+    const auto now = std::chrono::steady_clock::now();
+    const uint64_t p = progress.load(std::memory_order_acquire);
+    if (!progress_on.load(std::memory_order_acquire) || p != seen ||
+        in_wait.load(std::memory_order_acquire) > 0 || call.load(std::memory_order_acquire) != 0) {
+      seen = p;
+      since = now;
+      return;
+    }
+    const double idle = std::chrono::duration<double>(now - since).count();
+    if (idle <= g_timeout) return;
+    std::fprintf(stderr,
+                 "partita: rank %d made no progress for %.1f s (PARTITA_WAIT_TIMEOUT) in %s, outside "
+                 "partita's waits (a raw MPI call or a loop of its own); aborting the job instead of hanging\n",
+                 g_rank, idle, progress_what);
+    std::fflush(stderr);
+    std::abort();  // no MPI call from this thread, as above
+  }
+  // Counts one partita wait while the watch between waits is on.
+  struct InWait {
+    explicit InWait(Watchdog& w) : w_(w), on_(w.progress_on.load(std::memory_order_relaxed)) {
+      if (!on_) return;
+      w_.in_wait.fetch_add(1, std::memory_order_release);
+      w_.progress.fetch_add(1, std::memory_order_release);
+    }
+    ~InWait() {
+      if (!on_) return;
+      w_.progress.fetch_add(1, std::memory_order_release);
+      w_.in_wait.fetch_sub(1, std::memory_order_release);
+    }
+    Watchdog& w_;
+    bool on_;
+  };
   void start() {
     if (thread.joinable()) return;
     stop = false;  // (after a finish(): another Environment in this process)
@@ -178,11 +224,25 @@ bool blocking_waits() {
 WatchedCall::WatchedCall(const char* what) : on_(g_timeout > 0) {
   if (!on_) return;
   g_watchdog.start();
+  g_watchdog.progress.fetch_add(1, std::memory_order_release);
   g_watchdog.what.store(what, std::memory_order_release);
   g_watchdog.call.store(++g_watchdog.calls, std::memory_order_release);
 }
 WatchedCall::~WatchedCall() {
-  if (on_) g_watchdog.call.store(0, std::memory_order_release);
+  if (!on_) return;
+  g_watchdog.progress.fetch_add(1, std::memory_order_release);
+  g_watchdog.call.store(0, std::memory_order_release);
+}
+
+ScopedProgressWatch::ScopedProgressWatch(const std::string& what) : on_(g_timeout > 0) {
+  if (!on_) return;
+  std::snprintf(g_watchdog.progress_what, sizeof g_watchdog.progress_what, "%s", what.c_str());
+  g_watchdog.progress.fetch_add(1, std::memory_order_release);
+  g_watchdog.progress_on.store(true, std::memory_order_release);
+  g_watchdog.start();
+}
+ScopedProgressWatch::~ScopedProgressWatch() {
+  if (on_) g_watchdog.progress_on.store(false, std::memory_order_release);
 }
 const char* wait_policy_name(WaitPolicy policy) {
   return policy == WaitPolicy::Spin ? "spin" : "yield";
@@ -221,6 +281,7 @@ constexpr long kFirstNapNs = 20000, kLongestNapNs = 200000;
 
 template <typename Test>
 void poll_until(Test&& done, const char* what, bool counts) {
+  const Watchdog::InWait counted(g_watchdog);
   const auto start = std::chrono::steady_clock::now();
   unsigned polls = 0;
   long nap_ns = kFirstNapNs;
@@ -276,8 +337,8 @@ ScopedWaitInterrupt::~ScopedWaitInterrupt() {
   --g_interrupt_scopes;
 }
 
-void wait_until(const std::function<bool()>& ready, const char* what) {
-  poll_until(ready, what, false);
+void wait_until(const std::function<bool()>& ready, const char* what, bool abandons) {
+  poll_until(ready, what, abandons);
 }
 
 void wait_all(int count, MPI_Request* requests, const char* what) {

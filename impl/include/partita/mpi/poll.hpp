@@ -9,10 +9,12 @@
 namespace partita::mpi {
 
 // Calls `ready` until it returns true. A missed deadline throws
-// partita::DeadlineError; since such a wait has posted nothing that MPI must
-// finish (a probe abandons no operation), it is not counted in
-// deadline_misses() and needs no renew_world().
-void wait_until(const std::function<bool()>& ready, const char* what);
+// partita::DeadlineError. `abandons`: whether giving up leaves state that
+// only renew_world() clears (the header board's exchanges: this rank's
+// header stays posted on the communicator's board); such a miss counts in
+// deadline_misses(), as an abandoned MPI request does. A probe abandons
+// nothing: not counted, no renew_world() needed.
+void wait_until(const std::function<bool()>& ready, const char* what, bool abandons = false);
 
 // While one is alive, every partita wait on this process (wait, wait_all,
 // wait_until) also calls `check` every 16 tests; `check` may throw to end

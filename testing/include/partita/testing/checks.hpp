@@ -19,6 +19,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <mpi.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -132,10 +133,28 @@ void check_all(const DistributedFunction& f, uint64_t seed, Verdict& v,
 // what a layer's backward sees on a rank whose output does not reach the loss.
 at::Tensor loss_without_gradient(const at::Tensor& y);
 
-// Agreement over the world (on the harness's own communicator, under the
-// waiting policy and deadlines of partita's runtime).
+// Agreement over the world, for test bodies and fixtures: collective (every
+// rank calls the same helper in the same order), on a communicator of their
+// own (checks_comm()), under partita's waiting policy, deadline and
+// watchdog. Use them instead of raw MPI collectives in a test: a rank whose
+// peer has left the test by an exception then fails with a DeadlineError
+// within the deadline instead of waiting forever (docs/testing-library.md,
+// "No test can hang").
 double sum_over_ranks(double local);
+std::vector<double> sum_over_ranks(std::vector<double> local);  // elementwise
+double min_over_ranks(double local);
+double max_over_ranks(double local);
 bool all_ranks(bool local_ok);
+void sync_ranks();  // a barrier
+// The helpers' communicator: a duplicate of the world that nothing else
+// uses, made at the first call of any helper, of harness_comm() or of
+// partita::testing's main(), and replaced by renew_after_missed_deadline().
+MPI_Comm checks_comm();
+// After a missed deadline (operations abandoned on partita's world
+// communicator and on the helpers'): replaces both by fresh duplicates.
+// Collective over the world. partita::testing's main() does it between
+// tests, the lockstep harness between cases.
+void renew_after_missed_deadline();
 // "" on every rank when `local` is "" on every rank; otherwise, on every
 // rank, one line per failing rank ("rank r: ...").
 std::string agree(const std::string& local);
