@@ -1,4 +1,4 @@
-# One helper per kind of test (STYLE.md).
+# One helper per kind of test.
 find_package(GTest REQUIRED)
 find_package(rapidcheck REQUIRED)
 

@@ -105,6 +105,35 @@ TEST(BufferCache, TheBlocksHeldLongestMakeRoom) {
   mpi::enable_buffer_cache(0);
 }
 
+// Sizes that are not a multiple of the granule (4 KiB below 1 MiB, 64 KiB
+// above) are held as the rounded block: freed, they count its rounded bytes
+// and come back for any size that rounds to it, raw or through a tensor.
+TEST(BufferCache, SizesBetweenGranulesShareTheRoundedBlock) {
+  mpi::enable_buffer_cache(0);
+  mpi::enable_buffer_cache(size_t{64} << 20, size_t{64} << 10);  // blocks of 64 KiB and up
+  c10::Allocator* cpu = c10::GetCPUAllocator();
+  const size_t large = (size_t{3} << 20) + 12345;                   // rounds up to 3 MiB + 64 KiB
+  const size_t large_rounded = (size_t{3} << 20) + (size_t{64} << 10);
+  void* p = cpu->raw_allocate(large);
+  cpu->raw_deallocate(p);
+  EXPECT_EQ(mpi::buffer_cache_stats().cached_bytes, large_rounded);
+  const long hits = mpi::buffer_cache_stats().hits;
+  void* q = cpu->raw_allocate(large_rounded - 7);  // another size, same rounded block
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(mpi::buffer_cache_stats().hits, hits + 1);
+  EXPECT_EQ(mpi::buffer_cache_stats().cached_bytes, 0u);
+  cpu->raw_deallocate(q);
+  // Below 1 MiB the granule is 4 KiB: 100,001 floats (400,004 bytes) round
+  // to 401,408 bytes, which 100,100 floats (400,400 bytes) share.
+  void* t_data = nullptr;
+  { at::Tensor t = at::empty({100001}, at::kFloat); t_data = t.data_ptr(); }
+  EXPECT_EQ(mpi::buffer_cache_stats().cached_bytes, large_rounded + 401408);
+  at::Tensor u = at::empty({100100}, at::kFloat);
+  EXPECT_EQ(u.data_ptr(), t_data);
+  EXPECT_EQ(mpi::buffer_cache_stats().cached_bytes, large_rounded);
+  mpi::enable_buffer_cache(0);
+}
+
 // LibTorch's raw interface (raw_allocate/raw_deallocate, used by some CPU
 // kernels for scratch memory, e.g. GELU's) works for blocks of the cache's and
 // for the small ones it leaves to LibTorch's own allocator.

@@ -147,9 +147,31 @@ TEST(Schedule, CsvRoundTripAndPytorchCells) {
   EXPECT_CONTAINS(raised<ScheduleError>([] { from_rows({"0F0,0X1"}); }), "CSV row 0 (rank 0), column 1");
   EXPECT_CONTAINS(raised<ScheduleError>([] { smp::parse_action("1UNSHARD"); }), "no microbatch number");
   EXPECT_CONTAINS(raised<ScheduleError>([] { smp::parse_action("F0"); }), "no stage number");
+  // Anything after a cell's microbatch is refused, naming the cell, never
+  // read as the cell's first action.
+  EXPECT_CONTAINS(raised<ScheduleError>([] { from_rows({"0F0;0F1"}); }),
+                  "CSV row 0 (rank 0), column 0: cannot read the action \"0F0;0F1\": trailing characters");
+  EXPECT_CONTAINS(raised<ScheduleError>([] { from_rows({"0F0,1B2x"}); }),
+                  "CSV row 0 (rank 0), column 1: cannot read the action \"1B2x\": trailing characters");
+  EXPECT_CONTAINS(raised<ScheduleError>([] { smp::parse_action("0F0 0B0"); }), "trailing characters");
 }
 
-// Issue 31 item 6: each bad input raises, naming the first offending action.
+// torch.distributed.pipelining's schedule names build smp's schedules
+// (either case); smp::Config stores smp's names for them.
+TEST(Schedule, TorchNamesBuildTheSameSchedules) {
+  EXPECT_EQ(smp::build_schedule("GPipe", 3, 4).actions, smp::build_schedule("gpipe", 3, 4).actions);
+  EXPECT_EQ(smp::build_schedule("1F1B", 3, 4).actions, smp::build_schedule("1f1b", 3, 4).actions);
+  EXPECT_EQ(smp::build_schedule("ZBH1", 3, 4).actions, smp::build_schedule("zb_h1", 3, 4).actions);
+  EXPECT_EQ(smp::build_schedule("Interleaved1F1B", 2, 4, 2).actions,
+            smp::build_schedule("interleaved_1f1b", 2, 4, 2).actions);
+  // smp's own words too: "interleaved" is plain 1F1B, not torch's Interleaved1F1B.
+  EXPECT_EQ(smp::build_schedule("interleaved", 3, 4).actions, smp::build_schedule("1f1b", 3, 4).actions);
+  EXPECT_NE(smp::build_schedule("Interleaved1F1B", 2, 4, 2).actions, smp::build_schedule("1F1B", 2, 4).actions);
+  EXPECT_CONTAINS(raised<ScheduleError>([] { smp::build_schedule("LoopedBFS", 2, 4); }),
+                  "unknown schedule \"LoopedBFS\"");
+}
+
+// Each bad input raises, naming the first offending action.
 TEST(Schedule, BadSchedulesNameTheFirstOffendingAction) {
   // A cycle: rank 0 waits for a gradient before sending the activation
   // that rank 1 needs to produce it.
@@ -197,6 +219,14 @@ TEST(Schedule, BadSchedulesNameTheFirstOffendingAction) {
                   "rank 1, action 0 (0F0): stage 0 runs on rank 0 and on rank 1");
   EXPECT_CONTAINS(raised<ScheduleError>([&] { smp::verify(from_rows({"0F0,0I0"})); }),
                   "rank 0 never runs 0W0 after 0I0");
+  // Virtual stages: stages 0 and 1 on one rank. Stage 0's backward needs
+  // stage 1's input gradient, made on this rank, first.
+  EXPECT_CONTAINS(raised<ScheduleError>([&] { smp::verify(from_rows({"0F0,1F0,0B0,1B0"})); }),
+                  "rank 0, action 2 (0B0): its output's gradient comes from the backward of stage 1 on this rank, "
+                  "which has not run yet");
+  EXPECT_CONTAINS(raised<ScheduleError>([&] { smp::verify(from_rows({"0F0,1F0,0I0,1I0,0W0,1W0"})); }),
+                  "rank 0, action 2 (0I0): its output's gradient comes from the backward of stage 1 on this rank");
+  EXPECT_NO_THROW(smp::verify(from_rows({"0F0,1F0,1B0,0B0"})));
   // The verifier takes the user's schedule as it is: the same order as
   // 1F1B written with explicit messages passes.
   EXPECT_NO_THROW(smp::verify(smp::with_comms(smp::build_schedule("1f1b", 4, 8))));

@@ -15,9 +15,9 @@ namespace partita::testing {
 
 double Tolerance::of(at::ScalarType t) const {
   switch (t) {
-    case at::kDouble: return float64;
-    case at::kFloat: return float32;
-    default: return float16;
+    case at::kDouble: return float64_;
+    case at::kFloat: return float32_;
+    default: return float16_;
   }
 }
 
@@ -147,10 +147,10 @@ std::string compare(const at::Tensor& got, const at::Tensor& want, const Toleran
     return std::string("dtype ") + c10::toString(got.scalar_type()) + ", twin " +
            c10::toString(want.scalar_type());
   if (got.numel() == 0) return "";
-  if (!at::isFloatingType(want.scalar_type()) || tol.bitwise) {
+  if (!at::isFloatingType(want.scalar_type()) || tol.bitwise()) {
     if (!at::equal(got, want)) {
       std::ostringstream os;
-      os << "values differ" << (tol.bitwise ? " (bitwise)" : "") << ": got "
+      os << "values differ" << (tol.bitwise() ? " (bitwise)" : "") << ": got "
          << got.reshape(-1).slice(0, 0, 8) << " want " << want.reshape(-1).slice(0, 0, 8);
       return os.str();
     }

@@ -112,7 +112,7 @@ std::string check_against_serial(const PipelineRun& run, double tol, smp::Pipeli
       const double diff = max_diff(g, rg);
       if (!(diff <= tol)) err << "step " << step << ": gradient of " << name << " differs by " << diff << "; ";
     }
-    // A check on zeros proves nothing (STYLE.md): a stage with parameters
+    // A check on zeros proves nothing: a stage with parameters
     // must have non-zero gradients. (No early exit on a difference: every
     // rank runs every step, or the others would wait for this one.)
     if (!model.parameters().empty() && !(norm > 0))

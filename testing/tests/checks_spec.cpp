@@ -1,4 +1,4 @@
-// partita::testing's own checks must be able to fail (issue 30): each check
+// partita::testing's own checks must be able to fail: each check
 // of checks.hpp against a correct distributed function and against one with
 // the kind of bug it is there to catch; the lockstep harness against a
 // function that deadlocks in one case. Every verdict is agreed on every rank.
@@ -18,7 +18,7 @@ namespace {
 using Comm = mpi::Communicator;
 
 // allreduce(x, SUM) with a hand-written backward that can be made wrong.
-enum class Bug { none, doubled_gradient, writes_cotangent, ones_when_unused, undefined_when_unused };
+enum class Bug { none, doubled_gradient, writes_cotangent, ones_when_unused, undefined_when_unused, float32_off };
 struct Summed : torch::autograd::Function<Summed> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t bug) {
     ctx->saved_data["bug"] = bug;
@@ -44,6 +44,7 @@ DistributedFunction summed(Bug bug, bool wrong_forward = false) {
           [bug, wrong_forward](const at::Tensor& x) {
             at::Tensor y = Summed::apply(x, static_cast<int64_t>(bug));
             if (wrong_forward && mpi::world_rank() == mpi::world_size() - 1) y = y + 1e-6;
+            if (bug == Bug::float32_off) y = y * (1 + 1e-3);  // a relative error float32 must not pass
             return y;
           },
           [](const Tensors& xs) {
@@ -79,9 +80,30 @@ TEST(Checks, FailWhereTheyShould) {
   const std::string undefined = agree(check_unused_output(summed(Bug::undefined_when_unused), 1));
   EXPECT_NE(undefined.find("undefined"), std::string::npos) << undefined;
   // A 1e-6 forward error passes a stated float32 tolerance and fails bitwise.
-  Tolerance loose;
-  loose.float64 = 1e-3;
-  EXPECT_EQ(agree(check_forward(summed(Bug::none, true), at::kDouble, 1, loose)), "");
+  EXPECT_EQ(agree(check_forward(summed(Bug::none, true), at::kDouble, 1, Tolerance().float64(1e-3))), "");
+}
+
+// Each dtype is held to its own bound (|got - want| <= bound * max(1,
+// max |want|)): float32 to 8e-5, not to the 16-bit types' 0.24, and the
+// 16-bit types to 0.24. The failure tests above are float64 only.
+TEST(Checks, EachDtypeIsHeldToItsOwnBound) {
+  const at::Tensor want = at::linspace(1, 2, 16, at::kDouble);
+  auto off_by = [&](at::ScalarType dtype, double relative) {
+    return compare((want * (1 + relative)).to(dtype), want.to(dtype));
+  };
+  EXPECT_EQ(off_by(at::kFloat, 1e-5), "");
+  EXPECT_NE(off_by(at::kFloat, 1e-3), "") << "float32 held to a bound looser than 8e-5";
+  EXPECT_NE(off_by(at::kFloat, 1e-4 * 2), "") << "float32 held to a bound looser than 8e-5";
+  EXPECT_EQ(off_by(at::kDouble, 1e-13), "");
+  EXPECT_NE(off_by(at::kDouble, 1e-10), "") << "float64 held to a bound looser than 8e-12";
+  EXPECT_EQ(off_by(at::kHalf, 0.1), "");
+  EXPECT_NE(off_by(at::kHalf, 0.5), "") << "float16 held to a bound looser than 0.24";
+  EXPECT_EQ(off_by(at::kBFloat16, 0.1), "");
+  EXPECT_NE(off_by(at::kBFloat16, 0.5), "") << "bfloat16 held to a bound looser than 0.24";
+  // And through a check: a float32 layer 1e-3 off fails check_forward.
+  PARTITA_EXPECT_AGREED(check_forward(summed(Bug::none), at::kFloat, 2));
+  EXPECT_NE(agree(check_forward(summed(Bug::float32_off), at::kFloat, 2)), "");
+  EXPECT_EQ(agree(check_forward(summed(Bug::float32_off), at::kFloat, 2, Tolerance().float32(1e-2))), "");
 }
 
 struct Seeded {

@@ -54,16 +54,15 @@ struct DistributedFunction {
 // How close a float result must be to its twin's: |got - want| <= bound *
 // max(1, max |want|), per dtype; `bitwise` asks for equal bits (integer
 // dtypes are always compared exactly).
+// Set in LibTorch's style: Tolerance().float32(1e-4).
 struct Tolerance {
-  double float64 = 8e-12;
-  double float32 = 8e-5;
-  double float16 = 0.24;  // float16 and bfloat16
-  bool bitwise = false;
-  static Tolerance exact() {
-    Tolerance t;
-    t.bitwise = true;
-    return t;
-  }
+  PARTITA_ARG(double, float64) = 8e-12;
+  PARTITA_ARG(double, float32) = 8e-5;
+  PARTITA_ARG(double, float16) = 0.24;  // float16 and bfloat16
+  PARTITA_ARG(bool, bitwise) = false;
+
+ public:
+  static Tolerance exact() { return Tolerance().bitwise(true); }
   double of(at::ScalarType t) const;
 };
 
