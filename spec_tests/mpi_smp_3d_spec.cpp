@@ -139,11 +139,16 @@ TEST(Smp3dLayout, TablesByHandMatchTheLayout) {
       EXPECT_EQ(p.pp_group, row.pp_group) << where;
       EXPECT_EQ(p.mp_group, row.mp_group) << where;
       EXPECT_EQ(p.dp_group, row.dp_group) << where;
-      // A rank read as TP_RANK / PP_RANK names the group's member.
+      // A rank read as TP_RANK / PP_RANK / DP_RANK / MP_RANK names the
+      // group's member (DP_RANK: the same pp and tp place in replica i).
       for (int i = 0; i < static_cast<int>(row.tp_group.size()); ++i)
         EXPECT_EQ(l.world_rank(row.rank, i, smp::TP_RANK), row.tp_group[i]) << where;
       for (int i = 0; i < static_cast<int>(row.pp_group.size()); ++i)
         EXPECT_EQ(l.world_rank(row.rank, i, smp::PP_RANK), row.pp_group[i]) << where;
+      for (int i = 0; i < static_cast<int>(row.dp_group.size()); ++i)
+        EXPECT_EQ(l.world_rank(row.rank, i, smp::DP_RANK), row.dp_group[i]) << where << ", DP_RANK " << i;
+      for (int i = 0; i < static_cast<int>(row.mp_group.size()); ++i)
+        EXPECT_EQ(l.world_rank(row.rank, i, smp::MP_RANK), row.mp_group[i]) << where << ", MP_RANK " << i;
     }
     // Every group once: tp groups dp x pp of them, pp groups dp x tp.
     EXPECT_EQ(static_cast<int>(l.tp_groups().size()), l.dp_size() * t.pp);
@@ -212,8 +217,21 @@ TEST(Smp3dLayout, EveryRankReportsItsRow) {
         smp::send(me * 10, next, smp::TP_RANK);
       }
     }
+    // And to the next replica by DP_RANK: the same pp and tp place there.
+    const int dp = n / (t.pp * t.tp);
+    if (dp > 1) {
+      const int next = (row.dp_rank + 1) % dp, prev = (row.dp_rank + dp - 1) % dp;
+      if (row.dp_rank % 2 == 0) {
+        smp::send(me * 10, next, smp::DP_RANK);
+        EXPECT_EQ(smp::recv_from<int>(prev, smp::DP_RANK), row.dp_group[prev] * 10) << where;
+      } else {
+        EXPECT_EQ(smp::recv_from<int>(prev, smp::DP_RANK), row.dp_group[prev] * 10) << where;
+        smp::send(me * 10, next, smp::DP_RANK);
+      }
+    }
     smp::tp_barrier();
     smp::pp_barrier();
+    smp::dp_barrier();
     ++checked;
   }
   if (checked == 0) GTEST_SKIP() << "no hand-written 3-D table for " << n << " ranks";

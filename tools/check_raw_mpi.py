@@ -21,8 +21,15 @@ BLOCKING = (
     "Alltoall|Alltoallv|Alltoallw|Reduce_scatter|Reduce_scatter_block|Scan|Exscan|"
     "Sendrecv|Sendrecv_replace|Send|Ssend|Bsend|Rsend|Recv|Probe|Mprobe|Mrecv|"
     "Wait|Waitall|Waitany|Waitsome|Comm_dup|Comm_split|Comm_split_type|Comm_create|"
-    "Comm_create_group|Cart_create|Cart_sub|Intercomm_create|Win_fence|Win_create")
-CALL = re.compile(r"(?<![\w.:>])MPI_(%s)\s*\(" % BLOCKING)  # PMPI_: an interposer forwarding
+    "Comm_create_group|Cart_create|Cart_sub|Intercomm_create|Intercomm_merge|Dist_graph_create|"
+    "Dist_graph_create_adjacent|Comm_accept|Comm_connect|"
+    "Neighbor_allgather|Neighbor_allgatherv|Neighbor_alltoall|Neighbor_alltoallv|Neighbor_alltoallw|"
+    "Win_fence|Win_create|Win_allocate|Win_allocate_shared|Win_create_dynamic|Win_free|Win_lock|"
+    "Win_lock_all|Win_unlock|Win_unlock_all|Win_flush|Win_flush_all|Win_wait|Win_complete|"
+    "File_open|File_close|File_set_view|File_set_size|File_sync|File_read_all|File_write_all|"
+    "File_read_at_all|File_write_at_all|File_read_ordered|File_write_ordered")
+# MPI_ or ::MPI_, not PMPI_ (an interposer forwarding) nor x.MPI_ / x::MPI_.
+CALL = re.compile(r"(?<![\w.:>])(?:::)?MPI_(%s)\s*\(" % BLOCKING)
 DEFINITION = re.compile(r"\bint\s+P?MPI_\w+\s*\(")
 STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)\'')
 

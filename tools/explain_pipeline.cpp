@@ -42,9 +42,7 @@ smp::Costs parse_costs(const std::string& text) {
     }
   }
   if (v.size() != 3) throw smp::UsageError("--costs: expected three positive numbers F,I,W, got \"" + text + "\"");
-  c.forward = v[0];
-  c.backward_input = v[1];
-  c.backward_weight = v[2];
+  c.forward(v[0]).backward_input(v[1]).backward_weight(v[2]);
   return c;
 }
 
@@ -89,7 +87,7 @@ int explain_pipeline(const PipelineGiven& g, std::ostream& out, std::ostream& er
     return 1;
   }
   const int v = s.ranks ? s.stages / s.ranks : 1;
-  const bool unit = costs.forward == 1 && costs.backward_input == 1 && costs.backward_weight == 1;
+  const bool unit = costs.forward() == 1 && costs.backward_input() == 1 && costs.backward_weight() == 1;
   const bool builtin = g.csv.empty();
   const double theory = builtin && unit ? smp::theoretical_bubble(g.schedule, s.ranks, s.microbatches, v) : -1;
   std::string svg_path;
@@ -121,7 +119,7 @@ int explain_pipeline(const PipelineGiven& g, std::ostream& out, std::ostream& er
   out << s.name << ": " << s.ranks << " ranks, " << s.stages << " stages (" << v << " per rank), "
       << s.microbatches << " microbatches; verified (every input before its use, every send "
          "received, no deadlock, live activations within bounds)\n";
-  out << "costs F " << costs.forward << ", I " << costs.backward_input << ", W " << costs.backward_weight
+  out << "costs F " << costs.forward() << ", I " << costs.backward_input() << ", W " << costs.backward_weight()
       << " (B = I + W); makespan " << sim.makespan << "\n";
   out << std::fixed << std::setprecision(4) << "bubble " << sim.bubble();
   if (theory >= 0) out << " (theory " << theory << ")";

@@ -153,9 +153,11 @@ double adjoint_tolerance(at::ScalarType t) {
   return 5e-2;
 }
 
-// The class of a partita error, as a word for reports (issue 9: when both
-// sides raise, the classes must agree).
-// With the broken rule's code (partita::rule_code): "ShapeError[tiling.uneven]".
+}  // namespace
+
+// The class of a partita error, as a word for reports (when both sides
+// raise, the classes must agree), with the broken rule's code
+// (partita::rule_code): "ShapeError[tiling.uneven]".
 std::string error_class(const Error& e) {
   const std::string rule = "[" + (e.rule().empty() ? std::string("no rule") : e.rule()) + "]";
   if (dynamic_cast<const ShapeError*>(&e)) return "ShapeError" + rule;
@@ -163,6 +165,15 @@ std::string error_class(const Error& e) {
   if (dynamic_cast<const DeadlineError*>(&e)) return "DeadlineError" + rule;
   return "Error" + rule;
 }
+
+bool rejection_agrees(const std::string& expected_class, const std::string& mpi_class, bool involved) {
+  // An error without a rule code cannot show that both sides rejected the
+  // case for one reason.
+  if (mpi_class.empty()) return !involved;
+  return mpi_class == expected_class && expected_class.find("[no rule]") == std::string::npos;
+}
+
+namespace {
 
 bool listed(const Ranks& ranks, int r) {
   return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
@@ -273,12 +284,9 @@ void judge_rejected(const Run& r, CaseOutcome& out) {
   bool involved = std::count(c.P_x.ranks.begin(), c.P_x.ranks.end(), r.me) > 0;
   for (const auto* P : {&c.P_y, &c.P_W})
     if (*P) involved = involved || listed((*P)->ranks, r.me);
-  // An error without a rule code cannot show that both sides rejected the
-  // case for one reason.
-  const bool same_class = r.mpi_class == r.expected_class &&
-                          r.expected_class.find("[no rule]") == std::string::npos;
   const bool raised = !r.mpi_error.empty();
-  out.ok = (raised && same_class) || (!raised && !involved);
+  const bool same_class = raised && rejection_agrees(r.expected_class, r.mpi_class, involved);
+  out.ok = rejection_agrees(r.expected_class, raised ? r.mpi_class : "", involved);
   out.summary =
       raised && same_class ? "both raised " + r.mpi_class + ": " + r.mpi_error
       : raised ? "the reference raised " + r.expected_class + " '" + out.expected_error +

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <sstream>
+#include <vector>
 
 #include "partita/mpi/runtime.hpp"
 #include "partita/testing/lockstep.hpp"
@@ -40,22 +42,38 @@ at::Tensor rank_input(uint64_t seed, int rank, const Shape& shape, at::ScalarTyp
 namespace {
 MPI_Comm g_checks = MPI_COMM_NULL;
 
+// Finishes `req`, whose buffers `keep` owns. A wait abandoned at a deadline
+// leaves the operation posted, and MPI may still write its buffers when a
+// late peer joins: they are then kept for the life of the process (a few
+// bytes per missed deadline), never freed under MPI.
+void wait_keeping(MPI_Request& req, std::shared_ptr<void> keep, const char* what) {
+  static std::vector<std::shared_ptr<void>> abandoned;
+  try {
+    mpi::wait(req, what);
+  } catch (...) {
+    abandoned.push_back(std::move(keep));
+    throw;
+  }
+}
+
 MPI_Comm duplicate_world(const char* what) {
-  MPI_Comm c = MPI_COMM_NULL;
+  auto c = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Comm_idup(MPI_COMM_WORLD, &c, &req));
-  mpi::wait(req, what);
-  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-  return c;
+  PARTITA_MPI_CHECK(MPI_Comm_idup(MPI_COMM_WORLD, c.get(), &req));
+  wait_keeping(req, c, what);
+  MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN);
+  return *c;
 }
 
 // Non-blocking and finished under partita's waiting policy (a blocking
 // MPI_Allreduce spins, which costs milliseconds per call when ranks
-// outnumber cores, and no deadline reaches it).
+// outnumber cores, and no deadline reaches it), on buffers of its own.
 void reduce(double* values, int n, MPI_Op op, const char* what) {
+  auto buffer = std::make_shared<std::vector<double>>(values, values + n);
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, op, checks_comm(), &req));
-  mpi::wait(req, what);
+  PARTITA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer->data(), n, MPI_DOUBLE, op, checks_comm(), &req));
+  wait_keeping(req, buffer, what);
+  std::copy(buffer->begin(), buffer->end(), values);
 }
 }  // namespace
 
@@ -309,11 +327,7 @@ std::string check_finite_differences(const DistributedFunction& f, uint64_t seed
     const at::Tensor g = grad_or_zeros(x);
     // Every rank walks every rank's elements in lockstep; only the owner
     // perturbs and compares.
-    int64_t most = x0.numel();
-    MPI_Request req;
-    PARTITA_MPI_CHECK(
-        MPI_Iallreduce(MPI_IN_PLACE, &most, 1, MPI_INT64_T, MPI_MAX, checks_comm(), &req));
-    mpi::wait(req, "check_finite_differences");
+    const auto most = static_cast<int64_t>(max_over_ranks(static_cast<double>(x0.numel())));
     constexpr double eps = 1e-6, atol = 1e-5, rtol = 1e-3;
     int bad = 0;
     for (int r = 0; r < p; ++r) {

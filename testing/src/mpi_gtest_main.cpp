@@ -37,15 +37,17 @@ namespace {
 // rank is there.
 MPI_Comm g_end = MPI_COMM_NULL;
 
-// How long a rank waits here for the others. With PARTITA_WAIT_TIMEOUT, ten
-// seconds more than it, so that a rank stuck in a test is named by its own
-// watchdog first; in deadline mode without it, four deadlines (at least
-// 30 s); otherwise no limit.
+// How long a rank waits here for the others. With PARTITA_WAIT_TIMEOUT no
+// limit: a rank that never gets here is stuck in a partita wait or outside
+// one, and its own watchdog ends the job naming it (a peer that is only
+// slower, still training after this rank's part of the test, must not be
+// taken for a stuck one). In deadline mode without it, ten deadlines (at
+// least 120 s): then the waiting rank names the ranks that never arrived.
+// Otherwise no limit.
 double end_limit() {
   const char* t = std::getenv("PARTITA_WAIT_TIMEOUT");
-  const double timeout = t ? std::atof(t) : 0;
-  if (timeout > 0) return timeout + 10;
-  if (partita::mpi::deadline() > 0) return std::max(30.0, 4 * partita::mpi::deadline());
+  if (t && std::atof(t) > 0) return 0;
+  if (partita::mpi::deadline() > 0) return std::max(120.0, 10 * partita::mpi::deadline());
   return 0;
 }
 
@@ -62,8 +64,8 @@ double end_limit() {
 // the job.
 void finish_or_end(std::vector<MPI_Request>& requests, const std::vector<int>& peers,
                    const std::string& where) {
+  // Not mpi::wait_all: its deadline would throw out of a listener.
   const double limit = end_limit();
-  if (limit <= 0) return partita::mpi::wait_all(requests, "partita::testing's agreement between tests");
   const auto start = std::chrono::steady_clock::now();
   for (unsigned polls = 1;; ++polls) {
     int done = 0;
@@ -71,7 +73,7 @@ void finish_or_end(std::vector<MPI_Request>& requests, const std::vector<int>& p
                                   MPI_STATUSES_IGNORE));
     if (done) return;
     if (partita::mpi::wait_policy() == partita::mpi::WaitPolicy::Yield) sched_yield();
-    if ((polls & 1023u) != 0) continue;
+    if (limit <= 0 || (polls & 1023u) != 0) continue;
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited < limit) continue;
     std::string missing;
@@ -81,36 +83,57 @@ void finish_or_end(std::vector<MPI_Request>& requests, const std::vector<int>& p
       if (!got) missing += (missing.empty() ? "" : ",") + std::to_string(peers[i]);
     }
     std::ostringstream os;
-    os << "partita: rank " << partita::mpi::world_rank() << " waited " << waited << " s " << where
-       << " for rank" << (missing.find(',') == std::string::npos ? " " : "s ")
-       << (missing.empty() ? "?" : missing)
+    os << "partita: rank " << partita::mpi::world_rank() << " waited " << waited << " s " << where << " for "
+       << (missing.empty() ? std::string("another rank")
+                           : std::string("rank") + (missing.find(',') == std::string::npos ? " " : "s ") + missing)
        << ", which never got there: stuck where no deadline reaches (a raw MPI call, a loop); "
           "ending the job\n";
     end_job(os.str());
   }
 }
 
-// Every rank's `mine`, on every rank: point to point on end_comm, so that
-// ranks that never arrive can be named.
-std::vector<int> exchange_flags(int mine, const std::string& where) {
+// A test's name as a number, to check that every rank ran the same test.
+int64_t name_hash(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return static_cast<int64_t>(h >> 1);
+}
+
+// Every rank's `flag` for test `name`, on every rank: point to point on
+// end_comm, so that ranks that never arrive can be named. A rank that
+// finished another test (the ranks must run the same tests in the same
+// order: no --gtest_shuffle without a seed) ends the job.
+std::vector<int64_t> exchange_flags(int64_t flag, const std::string& name, const std::string& where) {
   int rank = 0, size = 1;
   MPI_Comm_rank(g_end, &rank);
   MPI_Comm_size(g_end, &size);
-  std::vector<int> all(size, mine), peers;
+  const int64_t mine[2] = {flag, name_hash(name)};
+  std::vector<int64_t> all(2 * static_cast<size_t>(size));
+  std::vector<int> peers;
   std::vector<MPI_Request> requests;
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
     peers.push_back(r);
     requests.emplace_back();
-    PARTITA_MPI_CHECK(MPI_Irecv(&all[r], 1, MPI_INT, r, 0, g_end, &requests.back()));
+    PARTITA_MPI_CHECK(MPI_Irecv(&all[2 * r], 2, MPI_INT64_T, r, 0, g_end, &requests.back()));
   }
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
     requests.emplace_back();
-    PARTITA_MPI_CHECK(MPI_Isend(&mine, 1, MPI_INT, r, 0, g_end, &requests.back()));
+    PARTITA_MPI_CHECK(MPI_Isend(mine, 2, MPI_INT64_T, r, 0, g_end, &requests.back()));
   }
   finish_or_end(requests, peers, where);
-  return all;
+  all[2 * rank] = mine[0];
+  all[2 * rank + 1] = mine[1];
+  std::vector<int64_t> flags;
+  for (int r = 0; r < size; ++r) {
+    if (all[2 * r + 1] != mine[1])
+      end_job("partita: rank " + std::to_string(rank) + " finished test " + name + " while rank " +
+              std::to_string(r) + " finished another one: the ranks must run the same tests in the same order "
+              "(no --gtest_shuffle without --gtest_random_seed); ending the job\n");
+    flags.push_back(all[2 * r]);
+  }
+  return flags;
 }
 
 std::string test_name(const ::testing::TestInfo& t) {
@@ -148,7 +171,7 @@ class BetweenTests : public ::testing::EmptyTestEventListener {
     const long now = partita::mpi::deadline_misses();
     const int clean = now == seen_ ? 1 : 0;
     seen_ = now;
-    const auto all = exchange_flags(clean, "after test " + test_name(t));
+    const auto all = exchange_flags(clean, test_name(t), "after test " + test_name(t));
     if (std::find(all.begin(), all.end(), 0) != all.end()) partita::testing::renew_after_missed_deadline();
   }
 

@@ -42,8 +42,9 @@ std::shared_ptr<nn::DistributedLinearBase> make_linear(const Case& c, int64_t in
   const auto py = c.P_y ? part(*c.P_y) : mpi::Partition();
   const auto kind = reference::linear_kind(c.primitive);
   using K = reference::LinearKind;
-  // The all-gather layers take P_y first and P_x as the option (x split
-  // along the tokens); without P_y the single form is P_x alone.
+  // The case's P_y, where it has one, is the layer's P_y, and its P_x the
+  // layer's P_x (x split along the tokens); without a P_y the all-gather
+  // layers hold x and y on the case's P_x alone (their P_x is then null).
   const auto& first = c.P_y ? py : px;
   const auto second = c.P_y ? px : mpi::Partition();
   switch (kind) {

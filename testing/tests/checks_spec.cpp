@@ -9,7 +9,9 @@
 
 #include "partita/mpi/communicator.hpp"
 #include "partita/mpi/runtime.hpp"
+#include "partita/testing/case_runner.hpp"
 #include "partita/testing/checks.hpp"
+#include "partita/errors.hpp"
 #include "partita/testing/lockstep.hpp"
 
 namespace partita::testing {
@@ -115,6 +117,26 @@ std::ostream& operator<<(std::ostream& os, const Seeded& s) { return os << "{\"v
 // A function that deadlocks in some cases (rank 0 skips the collective)
 // fails those cases within the deadline, with a replay line, and the cases
 // and properties after it run.
+// The case runner's verdict on a case the reference rejects: only MPI's
+// error of the same class naming the same rule agrees; a DeadlineError, an
+// error of another class or another rule, or none on an involved rank does
+// not (any of them taken as agreeing would hide an MPI bug behind a
+// rejection); a reference error without a rule agrees with nothing.
+TEST(CaseRunner, ARejectionAgreesOnlyWithTheSameClassAndRule) {
+  const std::string uneven = error_class(ShapeError("pieces", rule_code::kTilingUneven));
+  EXPECT_EQ(uneven, "ShapeError[tiling.uneven]");
+  EXPECT_TRUE(rejection_agrees(uneven, uneven, true));
+  EXPECT_FALSE(rejection_agrees(uneven, error_class(ShapeError("x", rule_code::kTeamShapes)), true));
+  EXPECT_FALSE(rejection_agrees(uneven, error_class(PartitionError("x", rule_code::kTilingUneven)), true));
+  EXPECT_FALSE(rejection_agrees(uneven, error_class(DeadlineError("stuck")), true));
+  EXPECT_FALSE(rejection_agrees(uneven, error_class(Error("x")), true));
+  EXPECT_FALSE(rejection_agrees(uneven, "", true)) << "an involved rank that raised nothing";
+  EXPECT_TRUE(rejection_agrees(uneven, "", false)) << "a rank outside the layer may go on";
+  const std::string no_rule = error_class(ShapeError("no code"));
+  EXPECT_EQ(no_rule, "ShapeError[no rule]");
+  EXPECT_FALSE(rejection_agrees(no_rule, no_rule, true));
+}
+
 TEST(Lockstep, ADeadlockFailsItsCaseAndTheNextRuns) {
   if (mpi::world_size() < 2) GTEST_SKIP() << "a deadlock needs two ranks";
   if (mpi::deadline() <= 0) GTEST_SKIP() << "PARTITA_DEADLINE is not set";

@@ -53,7 +53,7 @@ def blocks(path):
                     indent = len(m.group(1))
                 continue
             if stripped.startswith(fence) and stripped.strip("`~") == "":
-                if info and info[0] in ("cpp", "c++"):
+                if info and info[0].lower() in ("cpp", "c++", "cxx", "cc"):
                     out.append((start, info[1:], "".join(code)))
                 fence = None
                 continue

@@ -70,7 +70,11 @@ std::shared_ptr<CommHandle> create_comm(MPI_Comm parent, const Ranks& team, int 
                                    team.data(), &group));
   auto h = std::make_shared<CommHandle>();
   h->owned = true;
-  const int code = MPI_Comm_create_group(parent, group, tag, &h->comm);
+  int code = MPI_SUCCESS;
+  {
+    const WatchedCall watched("MPI_Comm_create_group (making a partition's communicator)");
+    code = MPI_Comm_create_group(parent, group, tag, &h->comm);
+  }
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
   PARTITA_MPI_CHECK(code);

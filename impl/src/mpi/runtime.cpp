@@ -12,6 +12,7 @@
 #include <cstring>
 #include <ctime>
 #include <iostream>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -260,6 +261,7 @@ long deadline_misses() { return g_deadline_misses; }
 
 void renew_world() {
   MPI_Comm fresh = MPI_COMM_NULL;
+  const WatchedCall watched("renew_world (MPI_Comm_dup of MPI_COMM_WORLD)");
   PARTITA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &fresh));
   MPI_Comm_set_errhandler(fresh, MPI_ERRORS_RETURN);
   g_world = fresh;  // the old one is abandoned, not freed: see the header
@@ -390,21 +392,40 @@ void check(int code, const char* call, const char* file, int line) {
 
 std::vector<std::string> allgather_strings(const std::string& mine, MPI_Comm comm,
                                            const std::function<void(MPI_Request&)>& waiter) {
-  auto finish = [&](MPI_Request& r) { waiter ? waiter(r) : wait(r, "allgather_strings"); };
+  // The buffers live on the heap: a wait given up at a deadline leaves the
+  // operation posted, and MPI may still write them when a late peer joins,
+  // so they are then kept for the life of the process, never freed.
+  struct Buffers {
+    std::string mine, all;
+    int len = 0;
+    std::vector<int> lens, offsets;
+  };
+  static std::vector<std::shared_ptr<Buffers>> abandoned;
+  auto b = std::make_shared<Buffers>();
+  auto finish = [&](MPI_Request& r) {
+    try {
+      waiter ? waiter(r) : wait(r, "allgather_strings");
+    } catch (...) {
+      abandoned.push_back(b);
+      throw;
+    }
+  };
   int n = 0;
   MPI_Comm_size(comm, &n);
-  int len = static_cast<int>(mine.size());
-  std::vector<int> lens(n), offsets(n, 0);
+  b->mine = mine;
+  b->len = static_cast<int>(mine.size());
+  b->lens.assign(n, 0);
+  b->offsets.assign(n, 0);
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm, &req));
+  PARTITA_MPI_CHECK(MPI_Iallgather(&b->len, 1, MPI_INT, b->lens.data(), 1, MPI_INT, comm, &req));
   finish(req);
-  for (int r = 1; r < n; ++r) offsets[r] = offsets[r - 1] + lens[r - 1];
-  std::string all(static_cast<size_t>(offsets[n - 1] + lens[n - 1]), '\0');
-  PARTITA_MPI_CHECK(MPI_Iallgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(),
-                                    offsets.data(), MPI_CHAR, comm, &req));
+  for (int r = 1; r < n; ++r) b->offsets[r] = b->offsets[r - 1] + b->lens[r - 1];
+  b->all.assign(static_cast<size_t>(b->offsets[n - 1] + b->lens[n - 1]), '\0');
+  PARTITA_MPI_CHECK(MPI_Iallgatherv(b->mine.data(), b->len, MPI_CHAR, b->all.data(), b->lens.data(),
+                                    b->offsets.data(), MPI_CHAR, comm, &req));
   finish(req);
   std::vector<std::string> out;
-  for (int r = 0; r < n; ++r) out.push_back(all.substr(offsets[r], lens[r]));
+  for (int r = 0; r < n; ++r) out.push_back(b->all.substr(b->offsets[r], b->lens[r]));
   return out;
 }
 

@@ -150,8 +150,14 @@ void init(const Config& config) {
   mpi::wait(req, "smp::init (duplicating MPI_COMM_WORLD)");
   MPI_Comm_set_errhandler(s.world, MPI_ERRORS_RETURN);
   const RankPlace p = s.layout->place(rank);
-  PARTITA_MPI_CHECK(MPI_Comm_split(s.world, p.dp_rank, p.mp_rank, &s.mp));
-  PARTITA_MPI_CHECK(MPI_Comm_split(s.world, p.mp_rank, p.dp_rank, &s.dp));
+  // Blocking inside MPICH: under the watchdog, so that a rank stuck here is
+  // named for what it waits in.
+  auto split = [&](int color, int key, MPI_Comm* out) {
+    const mpi::WatchedCall watched("smp::init (MPI_Comm_split of the groups)");
+    PARTITA_MPI_CHECK(MPI_Comm_split(s.world, color, key, out));
+  };
+  split(p.dp_rank, p.mp_rank, &s.mp);
+  split(p.mp_rank, p.dp_rank, &s.dp);
   // tp and pp groups: with tp_size 1 they are the rank alone and the mp
   // group; duplicated then (MPI_Comm_idup yields) rather than split.
   if (s.layout->tp_size() == 1) {
@@ -160,8 +166,8 @@ void init(const Config& config) {
     PARTITA_MPI_CHECK(MPI_Comm_idup(s.mp, &s.pp, &req));
     mpi::wait(req, "smp::init (the pp group)");
   } else {
-    PARTITA_MPI_CHECK(MPI_Comm_split(s.world, rank / s.layout->tp_size(), p.tp_rank, &s.tp));
-    PARTITA_MPI_CHECK(MPI_Comm_split(s.world, p.dp_rank * s.layout->tp_size() + p.tp_rank, p.pp_rank, &s.pp));
+    split(rank / s.layout->tp_size(), p.tp_rank, &s.tp);
+    split(p.dp_rank * s.layout->tp_size() + p.tp_rank, p.pp_rank, &s.pp);
   }
   MPI_Comm local = MPI_COMM_NULL;
   PARTITA_MPI_CHECK(MPI_Comm_split_type(s.world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));

@@ -559,9 +559,9 @@ struct Plan {
     sim.timeline.assign(p, {});
     auto cost = [&](K k) {
       switch (k) {
-        case K::kForward: return c.forward;
-        case K::kBackwardInput: return c.backward_input;
-        case K::kBackwardWeight: return c.backward_weight;
+        case K::kForward: return c.forward();
+        case K::kBackwardInput: return c.backward_input();
+        case K::kBackwardWeight: return c.backward_weight();
         case K::kFullBackward: return c.full_backward();
         default: return 0.0;
       }

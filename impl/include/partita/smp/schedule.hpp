@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "partita/arg.hpp"
 #include "partita/smp.hpp"
 
 namespace partita::smp {
@@ -131,9 +132,14 @@ Schedule schedule_from_csv(const std::string& text, int microbatches = 0, int st
 
 // Relative costs of the actions (the simulator's time units). Communication
 // takes no time. A full backward costs input + weight.
+// Set in LibTorch's style: Costs().forward(1).backward_input(1).backward_weight(2).
 struct Costs {
-  double forward = 1, backward_input = 1, backward_weight = 1;
-  double full_backward() const { return backward_input + backward_weight; }
+  PARTITA_ARG(double, forward) = 1;
+  PARTITA_ARG(double, backward_input) = 1;
+  PARTITA_ARG(double, backward_weight) = 1;
+
+ public:
+  double full_backward() const { return backward_input_ + backward_weight_; }
 };
 
 struct TimedAction {

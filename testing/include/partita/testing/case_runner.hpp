@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "partita/errors.hpp"
 #include "partita/testing/case.hpp"
 #include "partita/testing/checks.hpp"  // loss_without_gradient
 
@@ -23,6 +24,18 @@ struct CaseOutcome {
 // Collective over the world. Throws partita::Error on every rank when the
 // world is smaller than the case needs.
 CaseOutcome run_case(const Case& c);
+
+// The verdict on a case the reference rejects, on one rank: the reference
+// raised `expected_class` (error_class: "ShapeError[tiling.uneven]"), MPI
+// raised `mpi_class` ("" when it raised nothing); `involved`: the rank is a
+// worker of one of the case's partitions. Agrees only when MPI raised the
+// same class naming the same rule (a reference error without a rule agrees
+// with nothing), or when an uninvolved rank raised nothing.
+bool rejection_agrees(const std::string& expected_class, const std::string& mpi_class, bool involved);
+
+// The class of a partita error, as a word with its rule, for reports and
+// rejection_agrees: "ShapeError[team.shapes]", "DeadlineError[no rule]".
+std::string error_class(const Error& e);
 
 // The inputs and cotangents of the documented scheme (Case::data_seed).
 at::Tensor case_input(const Case& c, int worker);
