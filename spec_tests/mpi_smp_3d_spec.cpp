@@ -204,31 +204,20 @@ TEST(Smp3dLayout, EveryRankReportsItsRow) {
       EXPECT_EQ(members[grank], me) << where << " " << smp::name(group);
     }
     // Objects by TP_RANK and PP_RANK: each rank allgathers over its tp and
-    // pp groups, and sends to the next tp rank by TP_RANK.
+    // pp groups; and around a ring by rank type: to the next tp rank by
+    // TP_RANK, to the same pp and tp place in the next replica by DP_RANK.
     EXPECT_EQ(smp::allgather(me, smp::TP_GROUP), row.tp_group) << where;
     EXPECT_EQ(smp::allgather(me, smp::PP_GROUP), row.pp_group) << where;
-    if (t.tp > 1) {
-      const int next = (row.tp_rank + 1) % t.tp, prev = (row.tp_rank + t.tp - 1) % t.tp;
-      if (row.tp_rank % 2 == 0) {
-        smp::send(me * 10, next, smp::TP_RANK);
-        EXPECT_EQ(smp::recv_from<int>(prev, smp::TP_RANK), row.tp_group[prev] * 10) << where;
-      } else {
-        EXPECT_EQ(smp::recv_from<int>(prev, smp::TP_RANK), row.tp_group[prev] * 10) << where;
-        smp::send(me * 10, next, smp::TP_RANK);
-      }
-    }
-    // And to the next replica by DP_RANK: the same pp and tp place there.
-    const int dp = n / (t.pp * t.tp);
-    if (dp > 1) {
-      const int next = (row.dp_rank + 1) % dp, prev = (row.dp_rank + dp - 1) % dp;
-      if (row.dp_rank % 2 == 0) {
-        smp::send(me * 10, next, smp::DP_RANK);
-        EXPECT_EQ(smp::recv_from<int>(prev, smp::DP_RANK), row.dp_group[prev] * 10) << where;
-      } else {
-        EXPECT_EQ(smp::recv_from<int>(prev, smp::DP_RANK), row.dp_group[prev] * 10) << where;
-        smp::send(me * 10, next, smp::DP_RANK);
-      }
-    }
+    auto ring = [&](smp::RankType type, int mine, const std::vector<int>& group) {
+      const int size = static_cast<int>(group.size());
+      if (size < 2) return;
+      const int next = (mine + 1) % size, prev = (mine + size - 1) % size;
+      if (mine % 2 == 0) smp::send(me * 10, next, type);
+      EXPECT_EQ(smp::recv_from<int>(prev, type), group[prev] * 10) << where << " " << smp::name(type);
+      if (mine % 2 != 0) smp::send(me * 10, next, type);
+    };
+    ring(smp::TP_RANK, row.tp_rank, row.tp_group);
+    ring(smp::DP_RANK, row.dp_rank, row.dp_group);
     smp::tp_barrier();
     smp::pp_barrier();
     smp::dp_barrier();

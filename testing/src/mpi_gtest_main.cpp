@@ -397,7 +397,10 @@ int main(int argc, char** argv) {
                 << std::endl;
     // One rank ends the job (ranks leaving one by one without MPI_Finalize
     // race the launcher, which may kill the rest with a signal); the others
-    // wait to be ended with it.
+    // wait to be ended with it. First a pause: MPICH's launcher can end the
+    // job on MPI_Abort before it has forwarded what the ranks printed last
+    // (the summary above: death_one_sided_InLayer_np2 lost it in one run).
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
     if (!out[0] || rank == 0) MPI_Abort(MPI_COMM_WORLD, out[0] ? 0 : 1);
     for (;;) pause();
   }
