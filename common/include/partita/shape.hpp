@@ -22,7 +22,7 @@ std::string list_string(const std::vector<int64_t>& values);
 std::string list_string(const Ranks& values);
 
 // Row-major (C order) rank of an index in a grid of the given shape, and back.
-// docs/design.md, "Rank order": index (i, j, k) of shape (a, b, c) is rank i*b*c + j*c + k.
+// docs/design.md, "Rank order of a Cartesian partition": index (i, j, k) of shape (a, b, c) is rank i*b*c + j*c + k.
 int64_t ravel(const Index& index, const Shape& shape);
 Index unravel(int64_t rank, const Shape& shape);
 
