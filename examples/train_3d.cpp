@@ -122,9 +122,10 @@ int main(int argc, char** argv) {
   const at::Tensor x = partita::distribute(X, cut);
   const at::Tensor y = partita::distribute(Y, cut);
 
-  // Each rank's loss is its share of the whole microbatch's mean squared
-  // error: the layers add the shares' gradients over tp and the replicas.
-  const double elements = static_cast<double>(kBatch / microbatches * kTokens * kHidden);
+  // Each rank's loss is its share of its replica's microbatch's mean
+  // squared error (the shares add up over tp); the step trains the mean over
+  // the replicas (docs/3d.md, "One rule for every parameter").
+  const double elements = static_cast<double>(kBatch / dp / microbatches * kTokens * kHidden);
   auto train = smp::step([&](at::Tensor xb, at::Tensor yb) {
     at::Tensor loss = (model(xb) - yb).pow(2).sum() / elements;
     model.backward(loss);
@@ -136,7 +137,7 @@ int main(int argc, char** argv) {
     smp::StepOutput losses = train(x, y);  // the last stage's, on every stage
     double mine = 0;
     for (const auto& l : losses.outputs()) mine += l.item<double>();
-    const double loss = group_sum(group_sum(mine / microbatches, smp::TP_GROUP), smp::DP_GROUP);
+    const double loss = group_sum(group_sum(mine / microbatches, smp::TP_GROUP), smp::DP_GROUP) / dp;
     {
       torch::NoGradGuard no_grad;  // plain SGD on this rank's parameters
       for (auto& p : model.parameters())

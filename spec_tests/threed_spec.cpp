@@ -12,8 +12,8 @@
 // step the loss and the gathered parameters of its own stages' layers,
 // under every schedule (interleaved_virtual with two chunks per rank):
 //  - integer-valued data (weights, inputs, targets), an L1 loss summed and
-//    lr = microbatches, a clamped activation: every value the arithmetic
-//    produces is an integer or a half-integer below 2^40 (checked), so every
+//    lr = microbatches x replicas, a clamped activation: every value the arithmetic
+//    produces is an integer over a small power of two, below 2^40 (checked), so every
 //    summation order gives the same bits and the comparison is exact;
 //  - random data (float64, MSE mean, tanh): within 1e-12 relative.
 #include <gtest/gtest.h>
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "partita/mpi/runtime.hpp"
+#include "partita/nn/layer_norm.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/smp.hpp"
 #include "partita/smp/pipeline.hpp"
@@ -40,7 +41,9 @@ namespace nn = partita::nn;
 constexpr int64_t kBatch = 8, kTokens = 4, kHidden = 4, kFfn = 8;
 constexpr int kBlocks = 4, kSteps = 10, kMicrobatches = 2;
 
-enum class Data { kInteger, kRandom };
+// kNorm: random data through blocks that begin with a sequence-parallel
+// LayerNorm (its weight and bias replicated over tp and dp).
+enum class Data { kInteger, kRandom, kNorm };
 
 // One sequence-parallel MLP block of the stage that owns it.
 struct BlockImpl : torch::nn::Module {
@@ -58,9 +61,11 @@ struct BlockImpl : torch::nn::Module {
       up = up_plain.ptr().get();
       down = down_plain.ptr().get();
     }
+    if (data == Data::kNorm)
+      norm = register_module("norm", nn::SequenceParallelLayerNorm(P.tokens, kHidden, nn::LayerNormOptions().dtype(dtype)));
   }
   at::Tensor forward(at::Tensor x) {
-    at::Tensor h = up->forward(x);
+    at::Tensor h = up->forward(norm ? norm(x) : x);
     h = data == Data::kInteger ? at::clamp(h, -3, 3) : at::tanh(h);
     return down->forward(h);
   }
@@ -71,6 +76,7 @@ struct BlockImpl : torch::nn::Module {
   nn::DistributedLinearReduceScatterZero down_zero{nullptr};
   nn::DistributedLinearBase* up = nullptr;
   nn::DistributedLinearBase* down = nullptr;
+  nn::SequenceParallelLayerNorm norm{nullptr};
 };
 TORCH_MODULE(Block);
 
@@ -78,9 +84,10 @@ TORCH_MODULE(Block);
 struct Reference {
   std::vector<torch::nn::Linear> up, down;
   Data data;
+  std::vector<at::Tensor> norm_weight, norm_bias;  // kNorm
   at::Tensor forward(at::Tensor x) {
     for (int k = 0; k < kBlocks; ++k) {
-      at::Tensor h = up[k](x);
+      at::Tensor h = up[k](data == Data::kNorm ? at::layer_norm(x, {kHidden}, norm_weight[k], norm_bias[k], 1e-5) : x);
       h = data == Data::kInteger ? at::clamp(h, -3, 3) : at::tanh(h);
       x = down[k](h);
     }
@@ -91,6 +98,10 @@ struct Reference {
     for (int k = 0; k < kBlocks; ++k)
       for (auto* l : {&up[k], &down[k]})
         for (auto& p : (*l)->parameters()) out.push_back(p);
+    for (size_t k = 0; k < norm_weight.size(); ++k) {
+      out.push_back(norm_weight[k]);
+      out.push_back(norm_bias[k]);
+    }
     return out;
   }
 };
@@ -109,22 +120,25 @@ torch::nn::Linear make_linear(int64_t in, int64_t out, Data data) {
   return l;
 }
 
-// The objective both sides minimise, for one rank's piece of a microbatch:
-// its part of the sum the whole batch's loss is (L1: the sum; MSE: the sum
-// of squares over the element count of a whole microbatch). The pipeline
-// divides by the microbatch count, and the one-process loss is the same
-// total divided the same way.
-at::Tensor piece_loss(const at::Tensor& out, const at::Tensor& y, Data data) {
+// The objective both sides minimise (docs/3d.md, "One rule for every
+// parameter"): the mean over the dp replicas of each replica's loss, and a
+// replica's loss is the sum of its tp ranks' pieces. One rank's piece of a
+// microbatch: L1, the sum over the piece; MSE, the sum of squares over the
+// element count of the replica's microbatch. The pipeline divides by the
+// microbatch count and takes the mean over the replicas; the one-process
+// loss is the same total divided the same way.
+at::Tensor piece_loss(const at::Tensor& out, const at::Tensor& y, Data data, int dp) {
   if (data == Data::kInteger) return (out - y).abs().sum();
-  return (out - y).pow(2).sum() / static_cast<double>(kBatch / kMicrobatches * kTokens * kHidden);
+  return (out - y).pow(2).sum() / static_cast<double>(kBatch / dp / kMicrobatches * kTokens * kHidden);
 }
 
-at::Tensor whole_loss(const at::Tensor& out, const at::Tensor& y, Data data) {
-  if (data == Data::kInteger) return (out - y).abs().sum() / static_cast<double>(kMicrobatches);
+at::Tensor whole_loss(const at::Tensor& out, const at::Tensor& y, Data data, int dp) {
+  if (data == Data::kInteger) return (out - y).abs().sum() / static_cast<double>(kMicrobatches * dp);
   return (out - y).pow(2).mean();
 }
 
-double learning_rate(Data data) { return data == Data::kInteger ? kMicrobatches : 0.05; }
+// Integer data: the updates stay integers.
+double learning_rate(Data data, int dp) { return data == Data::kInteger ? kMicrobatches * dp : 0.05; }
 
 void sgd(const std::vector<at::Tensor>& params, double lr) {
   torch::NoGradGuard g;
@@ -152,7 +166,7 @@ struct Case {
 std::string name_of(const Case& c) {
   return "pp " + std::to_string(c.pp) + " x tp " + std::to_string(c.tp) + " x dp " +
          std::to_string(mpi::world_size() / (c.pp * c.tp)) + ", " + c.schedule + (c.zero ? ", ZeRO-3" : "") +
-         (c.data == Data::kInteger ? ", integer data" : ", random data");
+         (c.data == Data::kInteger ? ", integer data" : c.data == Data::kNorm ? ", LayerNorm blocks" : ", random data");
 }
 
 void expect_same(const at::Tensor& got, const at::Tensor& want, Data data, const std::string& what) {
@@ -186,6 +200,10 @@ void train_and_compare(const Case& c) {
   for (int k = 0; k < kBlocks; ++k) {
     ref.up.push_back(make_linear(kHidden, kFfn, c.data));
     ref.down.push_back(make_linear(kFfn, kHidden, c.data));
+    if (c.data == Data::kNorm) {
+      ref.norm_weight.push_back((1 + 0.5 * at::randn({kHidden}, at::kDouble)).requires_grad_(true));
+      ref.norm_bias.push_back((0.1 * at::randn({kHidden}, at::kDouble)).requires_grad_(true));
+    }
   }
   const at::Tensor X = c.data == Data::kInteger ? at::randint(-2, 3, {kBatch, kTokens, kHidden}, at::kDouble)
                                                  : at::randn({kBatch, kTokens, kHidden}, at::kDouble);
@@ -202,6 +220,11 @@ void train_and_compare(const Case& c) {
     blocks.emplace_back(parts[(k / per_stage) % c.pp], c.zero, c.data);
     blocks.back()->up->scatter_parameters(ref.up[k]);
     blocks.back()->down->scatter_parameters(ref.down[k]);
+    if (c.data == Data::kNorm) {
+      torch::NoGradGuard no_grad;
+      blocks.back()->norm->weight.copy_(ref.norm_weight[k]);
+      blocks.back()->norm->bias.copy_(ref.norm_bias[k]);
+    }
     seq->push_back(blocks.back());
   }
   std::vector<int> splits;
@@ -215,7 +238,7 @@ void train_and_compare(const Case& c) {
   const at::Tensor y = Y.narrow(0, d * rows, rows).narrow(1, t * toks, toks).contiguous();
   auto train = smp::step([&](at::Tensor xb, at::Tensor yb) {
     at::Tensor out = model(xb);
-    at::Tensor loss = piece_loss(out, yb, c.data);
+    at::Tensor loss = piece_loss(out, yb, c.data, dp);
     model.backward(loss);
     return loss;
   });
@@ -226,24 +249,24 @@ void train_and_compare(const Case& c) {
     const std::string at_step = label + ", step " + std::to_string(step);
     // One process, whole batch.
     const at::Tensor out_ref = ref.forward(X);
-    const at::Tensor loss_ref = whole_loss(out_ref, Y, c.data);
+    const at::Tensor loss_ref = whole_loss(out_ref, Y, c.data, dp);
     loss_ref.backward();
     largest = std::max(largest, out_ref.abs().max().item<double>());
     for (const auto& p : ref.parameters()) largest = std::max(largest, p.grad().abs().max().item<double>());
 
     // 3-D: this pipeline's losses are its last stage's; the whole batch's
-    // is their sum over the tp group and the replicas.
+    // is their sum over the tp group, averaged over the replicas.
     smp::StepOutput losses = train(x, y);
     double mine = 0;
     for (const auto& l : losses.outputs()) mine += l.item<double>();
-    const double total = group_sum(group_sum(mine / kMicrobatches, smp::TP_GROUP), smp::DP_GROUP);
+    const double total = group_sum(group_sum(mine / kMicrobatches, smp::TP_GROUP), smp::DP_GROUP) / dp;
     if (c.data == Data::kInteger)
       EXPECT_EQ(total, loss_ref.item<double>()) << at_step;
     else
       EXPECT_NEAR(total, loss_ref.item<double>(), 1e-12 * std::abs(loss_ref.item<double>())) << at_step;
 
-    sgd(model.parameters(), learning_rate(c.data));
-    sgd(ref.parameters(), learning_rate(c.data));
+    sgd(model.parameters(), learning_rate(c.data, dp));
+    sgd(ref.parameters(), learning_rate(c.data, dp));
 
     // The gathered parameters of this rank's layers against the reference's.
     for (int k = 0; k < kBlocks; ++k) {
@@ -255,6 +278,10 @@ void train_and_compare(const Case& c) {
       expect_same(up->bias, ref.up[k]->bias, c.data, at_step + ", block " + std::to_string(k) + " up.bias");
       expect_same(down->weight, ref.down[k]->weight, c.data, at_step + ", block " + std::to_string(k) + " down.weight");
       expect_same(down->bias, ref.down[k]->bias, c.data, at_step + ", block " + std::to_string(k) + " down.bias");
+      if (c.data == Data::kNorm) {  // every rank of the stage holds the whole LayerNorm
+        expect_same(blocks[k]->norm->weight, ref.norm_weight[k], c.data, at_step + ", block " + std::to_string(k) + " norm.weight");
+        expect_same(blocks[k]->norm->bias, ref.norm_bias[k], c.data, at_step + ", block " + std::to_string(k) + " norm.bias");
+      }
       if (step == kSteps - 1) {
         for (const auto& p : ref.parameters()) largest = std::max(largest, p.abs().max().item<double>());
       }
@@ -297,6 +324,20 @@ TEST(ThreeD, RandomDataWithinTolerance) {
   if (ls.empty()) GTEST_SKIP() << "no 3-D layout for " << mpi::world_size() << " ranks";
   for (const auto& [pp, tp] : ls)
     for (const auto& s : kSchedules) train_and_compare({pp, tp, s, false, Data::kRandom});
+}
+
+// Sequence-parallel LayerNorms (replicated parameters, gradients summed
+// over tp by the layer and averaged over dp by the pipeline) and the
+// distributed layers (summed onto the stored copy, then averaged) held to
+// the one rule: equal to one process, every parameter after every step.
+TEST(ThreeD, LayerNormBlocksEveryParameterEqualsOneProcess) {
+  const auto ls = layouts();
+  if (ls.empty()) GTEST_SKIP() << "no 3-D layout for " << mpi::world_size() << " ranks";
+  for (const auto& [pp, tp] : ls)
+    for (const auto& s : kSchedules) {
+      train_and_compare({pp, tp, s, false, Data::kNorm});
+      if (mpi::world_size() / (pp * tp) > 1) train_and_compare({pp, tp, s, true, Data::kNorm});
+    }
 }
 
 TEST(ThreeD, ZeroShardsOverTheReplicas) {
@@ -634,6 +675,18 @@ TEST(ThreeD, ModelsThatDoNotFitTheLayoutRaiseOnEveryRank) {
       e = usage_error([&] { smp::DistributedModel m(plain(false, 1), {last ? 2 : 1}); });
       EXPECT_RAISED(e, "world rank 0 gives the split points [1], world rank " + std::to_string(n - 1) + " [2]");
     }
+  }
+  if (tp > 1) {
+    // A layer with parameters partita does not know in a tensor-parallel
+    // stage: each tp rank would get only its own tokens' share of its
+    // gradient. Refused, naming it.
+    torch::nn::Sequential seq;
+    for (int s = 0; s < pp; ++s) seq->push_back(Block(parts[s], false, Data::kRandom));
+    seq->push_back(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})));
+    const std::string e = usage_error([&] { smp::DistributedModel m(seq); });
+    EXPECT_RAISED(e, "layer " + std::to_string(pp) + " ('" + std::to_string(pp) +
+                         "') holds torch::nn::LayerNormImpl with parameters 'weight', 'bias'");
+    EXPECT_RAISED(e, "under tensor_parallel_degree " + std::to_string(tp));
   }
   // A model that fits still builds and trains a step.
   torch::nn::Sequential seq;

@@ -43,6 +43,7 @@
 #include "partita/smp/step.hpp"
 #include "split_backward.hpp"
 #include "stages.hpp"
+#include "partita/nn/linear.hpp"
 
 namespace partita::smp {
 
@@ -313,6 +314,9 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   long steps_begun = 0;
   PipelineStats stats;
   nn::LayerTraffic traffic_at_begin;  // the layers' counters when the step began
+  // The gradients partita's distributed layers on this rank held when the
+  // step began (dp > 1): the step's own part is divided by dp at its end.
+  std::vector<std::pair<at::Tensor, at::Tensor>> distributed_grads_before;
   Clock::time_point step_start;
   bool step_started = false;
 
@@ -358,6 +362,12 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     first_called = -1;
     stats = PipelineStats{};
     traffic_at_begin = nn::layer_traffic();
+    distributed_grads_before.clear();
+    if (dp_size() > 1)
+      for (int c = 0; c < v; ++c)
+        for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
+          for (auto& p : detail::distributed_parameters(children[i]))
+            distributed_grads_before.emplace_back(p, p.grad().defined() ? p.grad().clone() : at::Tensor());
     step_started = false;
     if (stages == 1) return;
     // Every stage must be running the same step on the same batch.
@@ -697,6 +707,14 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   }
 
   // The parameters of chunk c that take gradients (W's inputs).
+  // Chunk c holds a distributed layer of which this rank stores no block.
+  bool lacks_distributed_blocks(int c) const {
+    for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
+      for (const auto& sub : children[i]->modules(/*include_self=*/true))
+        if (std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub) && sub->parameters().empty()) return true;
+    return false;
+  }
+
   std::vector<at::Tensor> trainable(int c) const {
     std::vector<at::Tensor> out;
     for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
@@ -800,19 +818,22 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         std::vector<at::Tensor> params;
         for (auto& p : trainable(c))
           if (!split_params.count(p.unsafeGetTensorImpl())) params.push_back(p);
-        if (!params.empty() && out.requires_grad()) {
-          torch::autograd::backward({out}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
-          ++stats.weight_autograd_passes;
-        } else if (distributed && out.requires_grad() && trainable(c).empty()) {
-          // A data-parallel copy of partita's distributed layers holds no
-          // parameters, but their adjoints still send its share of the
-          // gradients to the copy that stores them (docs/3d.md): run the
-          // rest of the graph. The received activation's gradient was
-          // taken by I; a fresh one is accumulated and dropped.
+        // A data-parallel copy of partita's distributed layers that holds
+        // no block of one of them still owes, through that layer's adjoint,
+        // its share of the gradient to the copy that stores it (docs/3d.md):
+        // it runs the whole rest of the graph, which also gives its other
+        // parameters (a LayerNorm's) their gradients. The received
+        // activation's gradient was taken by I; a fresh one is accumulated
+        // and dropped.
+        const bool whole_graph = distributed && out.requires_grad() && lacks_distributed_blocks(c);
+        if (whole_graph) {
           if (m.input.defined()) m.input.mutable_grad() = at::Tensor();
           torch::autograd::backward({out}, grads, /*retain_graph=*/false, /*create_graph=*/false);
+        } else if (!params.empty() && out.requires_grad()) {
+          torch::autograd::backward({out}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+          ++stats.weight_autograd_passes;
         }
-        if (m.work) stats.weight_gradients_split += detail::weight_gradients(*m.work);
+        if (m.work && !whole_graph) stats.weight_gradients_split += detail::weight_gradients(*m.work);
         stats.busy_seconds += seconds_since(t0);
         release(c, mb);
         break;
@@ -838,6 +859,20 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   void all_reduce_gradients() {
     const int dp = dp_size();
     if (dp == 1) return;
+    // One rule for every parameter (docs/3d.md): the step trains the mean
+    // over the replicas of each replica's loss. partita's distributed layers
+    // sum their replicas' gradients onto the stored copy (the adjoint of the
+    // broadcast, or ZeRO-3's reduce-scatter): this step's part of that sum
+    // becomes the mean. The other parameters are averaged below.
+    {
+      at::NoGradGuard no_grad;
+      for (auto& [p, before] : distributed_grads_before) {
+        if (!p.grad().defined()) continue;
+        if (before.defined()) p.mutable_grad().sub_(before).div_(static_cast<double>(dp)).add_(before);
+        else p.mutable_grad().div_(static_cast<double>(dp));
+      }
+      distributed_grads_before.clear();
+    }
     std::vector<at::Tensor> local;
     // Not the parameters of partita's distributed layers: they live on some
     // replicas only, and the layers sum their gradients themselves.

@@ -12,6 +12,7 @@
 
 #include "partita/mpi/poll.hpp"
 #include "partita/mpi/runtime.hpp"
+#include "partita/nn/layer_norm.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/smp/communicators.hpp"
 #include "partita/smp/schedule.hpp"
@@ -163,6 +164,30 @@ void check_tensor_parallel_layers(const Stages& m, int ranks) {
     if (!p.empty()) throw UsageError("smp::DistributedModel: " + p);
 }
 
+// In a stage split over tp > 1 ranks, a layer with parameters that partita
+// does not know would get, on each tp rank, only the gradient of what that
+// rank computed, and nothing would sum it (docs/3d.md, "One rule for every
+// parameter"): refused, naming the layer. Every rank built the same model
+// (agreed above), so every rank reaches the same verdict.
+void check_parameters_known_to_tensor_parallel(const Stages& m) {
+  if (layout().tp_size() <= 1) return;
+  for (size_t i = 0; i < m.children.size(); ++i)
+    for (const auto& sub : m.children[i]->modules(/*include_self=*/true)) {
+      if (std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub) ||
+          std::dynamic_pointer_cast<nn::SequenceParallelLayerNormImpl>(sub))
+        continue;
+      const auto own = sub->named_parameters(/*recurse=*/false);
+      if (own.is_empty()) continue;
+      std::string names;
+      for (const auto& p : own) names += (names.empty() ? "'" : ", '") + p.key() + "'";
+      throw UsageError("smp::DistributedModel: layer " + std::to_string(i) + " ('" + m.names[i] + "') holds " +
+                       sub->name() + " with parameters " + names + ", which partita does not know how to train " +
+                       "under tensor_parallel_degree " + std::to_string(layout().tp_size()) +
+                       ": each tp rank would get only its own share of their gradient. Build tensor-parallel "
+                       "stages from partita's layers (nn::SequenceParallelLayerNorm, nn::DistributedLinear*)");
+    }
+}
+
 }  // namespace
 
 void add_layer_adapter(LayerAdapter adapter) { layer_adapters().push_back(std::move(adapter)); }
@@ -171,6 +196,16 @@ bool holds_distributed_layers(const std::shared_ptr<torch::nn::Module>& m) {
   for (const auto& sub : m->modules(/*include_self=*/true))
     if (std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub)) return true;
   return false;
+}
+
+std::vector<at::Tensor> distributed_parameters(const std::shared_ptr<torch::nn::Module>& m) {
+  std::vector<at::Tensor> out;
+  std::set<const void*> seen;
+  for (const auto& sub : m->modules(/*include_self=*/true))
+    if (std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub))
+      for (const auto& p : sub->parameters())
+        if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  return out;
 }
 
 std::vector<at::Tensor> replicated_parameters(const std::shared_ptr<torch::nn::Module>& m) {
@@ -270,6 +305,7 @@ Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const 
   bool distributed = false;
   for (const auto& child : m.children) distributed = distributed || holds_distributed_layers(child);
   if (distributed) check_tensor_parallel_layers(m, ranks);  // (every rank takes this branch or none: agreed above)
+  check_parameters_known_to_tensor_parallel(m);
   m.calls = std::move(calls);
   return m;
 }

@@ -39,5 +39,8 @@ bool holds_distributed_layers(const std::shared_ptr<torch::nn::Module>& m);
 // but those of partita's distributed layers. The pipeline averages these
 // over the dp group after a step.
 std::vector<at::Tensor> replicated_parameters(const std::shared_ptr<torch::nn::Module>& m);
+// The parameters of partita's distributed layers in `m` on this rank (the
+// blocks it stores; none on a data-parallel copy of a non-ZeRO layer).
+std::vector<at::Tensor> distributed_parameters(const std::shared_ptr<torch::nn::Module>& m);
 
 }  // namespace partita::smp::detail

@@ -1,0 +1,156 @@
+// Lockstep properties of partita's layers with parameters, through
+// partita::testing's module checks (docs/testing-library.md, "Checks for a
+// module with parameters"): every rank's outputs, input gradients and
+// parameter gradients (a shard against the slice of the twin's global
+// gradient, a replicated parameter against the whole) against a twin
+// written here on the global parameters, the adjoint identity in the
+// parameters, and finite differences in one case of ten.
+//
+//  - SequenceParallelLayerNorm: tokens split over the world (uneven, some
+//    ranks with none), the weight and bias replicated and their gradients
+//    summed over the team; on a partition with a data-parallel axis too.
+//  - DistributedLinearAllGather and DistributedLinearReduceScatter on a
+//    stage's partitions (batch over d replicas, tokens or features over t):
+//    W and b stored on replica 0 in blocks, their gradients the sum of every
+//    replica's share.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "partita/mpi/partition.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/nn/layer_norm.hpp"
+#include "partita/nn/linear.hpp"
+#include "partita/testing/lockstep.hpp"
+#include "partita/testing/module_checks.hpp"
+
+namespace partita::testing {
+namespace {
+
+int64_t length(int64_t n, int64_t p, int64_t i) { return n / p + (i < n % p ? 1 : 0); }
+int64_t first(int64_t n, int64_t p, int64_t i) { return i * (n / p) + std::min(i, n % p); }
+
+struct LayoutCase {
+  int64_t d = 1;  // replicas (axis 0); the world is d x t
+  int64_t batch = 1, tokens = 1, features = 1, out = 1;
+  uint64_t seed = 0;
+};
+std::ostream& operator<<(std::ostream& os, const LayoutCase& c) {
+  return os << "{\"d\": " << c.d << ", \"batch\": " << c.batch << ", \"tokens\": " << c.tokens
+            << ", \"features\": " << c.features << ", \"out\": " << c.out << ", \"seed\": " << c.seed << "}";
+}
+
+rc::Gen<LayoutCase> gen_layout(int world, int64_t min_features) {
+  std::vector<int64_t> ds;
+  for (int64_t d = 1; d <= world; ++d)
+    if (world % d == 0) ds.push_back(d);
+  return rc::gen::apply(
+      [world](int64_t d, int64_t b, int64_t tokens, int64_t f, int64_t out, uint64_t seed) {
+        LayoutCase c;
+        c.d = d;
+        c.batch = d * b;
+        c.tokens = tokens;
+        c.features = f;
+        c.out = out;
+        c.seed = seed;
+        (void)world;
+        return c;
+      },
+      rc::gen::elementOf(ds), rc::gen::inRange<int64_t>(1, 3), rc::gen::inRange<int64_t>(1, 2 * world + 2),
+      rc::gen::inRange<int64_t>(min_features, min_features + 5), rc::gen::inRange<int64_t>(min_features, min_features + 5),
+      rc::gen::inRange<uint64_t>(0, 1000000));
+}
+
+// World rank (q, s) of a d x t grid, q the replica.
+int rank_of(int64_t t, int64_t q, int64_t s) { return static_cast<int>(q * t + s); }
+
+TEST(LayerProperty, SequenceParallelLayerNormMatchesItsTwin) {
+  const int p = mpi::world_size();
+  EXPECT_TRUE(check_lockstep<LayoutCase>("sequence-parallel layer norm", gen_layout(p, 1), [&](const LayoutCase& c,
+                                                                                               Verdict& v) {
+    const int64_t t = p / c.d, me = mpi::world_rank();
+    const auto P = mpi::Partition::world().create_cartesian_topology_partition({c.d, t, 1});
+    // Over a data-parallel axis the gradient is summed over the whole
+    // world here (outside a pipeline nothing averages the replicas).
+    nn::SequenceParallelLayerNorm layer(
+        P, c.features, nn::LayerNormOptions().dtype(at::kDouble).grad_sum_axes(c.d > 1 ? std::vector<int>{0, 1} : std::vector<int>{}));
+    auto shape_of = [&](int r) {
+      return Shape{c.batch / c.d, length(c.tokens, t, r % t), c.features};
+    };
+    DistributedModule m;
+    m.name = "SequenceParallelLayerNorm";
+    m.run = [&](const Tensors& xs) { return Tensors{layer->forward(xs[0])}; };
+    m.shards = [&] { return std::vector<ParameterShard>{{"weight", layer->weight, {}}, {"bias", layer->bias, {}}}; };
+    m.parameters = {{"weight", {c.features}}, {"bias", {c.features}}};
+    m.input_shapes = [&](int r) { return std::vector<Shape>{shape_of(r)}; };
+    m.twin = [&](const std::vector<Tensors>& xs, const ParameterMap& w) {
+      std::vector<Tensors> ys;
+      for (const auto& x : xs) ys.push_back({at::layer_norm(x[0], {c.features}, w.at("weight"), w.at("bias"), 1e-5)});
+      return ys;
+    };
+    (void)me;
+    check_module_all(m, c.seed, v,
+                     ModuleCheckOptions().adjoint_parameters(true).finite_differences(c.seed % 10 == 0));
+  }));
+}
+
+// The all-gather layer: x split by tokens over t (and by batch over d), y
+// by output features; the reduce-scatter layer the other way round.
+TEST(LayerProperty, DistributedLinearLayersMatchTheirTwins) {
+  const int p = mpi::world_size();
+  for (const bool all_gather : {true, false}) {
+    EXPECT_TRUE(check_lockstep<LayoutCase>(
+        all_gather ? "linear all-gather, global parameters" : "linear reduce-scatter, global parameters",
+        gen_layout(p, p), [&](const LayoutCase& c, Verdict& v) {
+          const int64_t t = p / c.d;
+          const auto tokens = mpi::Partition::world().create_cartesian_topology_partition({c.d, t, 1});
+          const auto features = mpi::Partition::world().create_cartesian_topology_partition({c.d, 1, t});
+          const auto o = nn::LinearOptions().dtype(at::kDouble);
+          std::shared_ptr<nn::DistributedLinearBase> layer;
+          if (all_gather)
+            layer = nn::DistributedLinearAllGather(tokens, features, c.features, c.out, o).ptr();
+          else
+            layer = nn::DistributedLinearReduceScatter(features, tokens, c.features, c.out, o).ptr();
+          const int64_t rows = c.batch / c.d;
+          DistributedModule m;
+          m.name = all_gather ? "DistributedLinearAllGather" : "DistributedLinearReduceScatter";
+          m.run = [&](const Tensors& xs) { return Tensors{layer->forward(xs[0])}; };
+          m.shards = [&] {
+            std::vector<ParameterShard> s;
+            const auto wb = layer->weight_block();
+            const auto bb = layer->bias_block();
+            if (layer->local_weight().defined() && wb[1] > 0) s.push_back({"weight", layer->local_weight(), {wb[0], wb[2]}});
+            if (layer->local_bias().defined() && bb[1] > 0) s.push_back({"bias", layer->local_bias(), {bb[0]}});
+            return s;
+          };
+          m.parameters = {{"weight", {c.out, c.features}}, {"bias", {c.out}}};
+          m.input_shapes = [&](int r) {
+            const int64_t s = r % t;
+            return std::vector<Shape>{all_gather ? Shape{rows, length(c.tokens, t, s), c.features}
+                                                 : Shape{rows, c.tokens, length(c.features, t, s)}};
+          };
+          // The twin, the obvious way: each replica's whole x, one GEMM with
+          // the global W and b, cut as the layer's output is cut.
+          m.twin = [&](const std::vector<Tensors>& xs, const ParameterMap& w) {
+            std::vector<Tensors> ys(xs.size());
+            for (int64_t q = 0; q < c.d; ++q) {
+              Tensors pieces;
+              for (int64_t s = 0; s < t; ++s) pieces.push_back(xs[rank_of(t, q, s)][0]);
+              const at::Tensor X = at::cat(pieces, all_gather ? 1 : 2);
+              const at::Tensor Y = at::linear(X, w.at("weight"), w.at("bias"));
+              for (int64_t s = 0; s < t; ++s)
+                ys[rank_of(t, q, s)] = {all_gather ? Y.narrow(2, first(c.out, t, s), length(c.out, t, s))
+                                                   : Y.narrow(1, first(c.tokens, t, s), length(c.tokens, t, s))};
+            }
+            return ys;
+          };
+          check_module_all(m, c.seed, v,
+                           ModuleCheckOptions().adjoint_parameters(true).finite_differences(c.seed % 10 == 0));
+        }));
+  }
+}
+
+}  // namespace
+}  // namespace partita::testing

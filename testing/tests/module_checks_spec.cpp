@@ -1,0 +1,116 @@
+// The module checks must be able to fail: each on the bug it is meant for.
+// The module under test is y_r = x_r * w + c, with w ([n]) replicated on
+// every rank and c sharded (rank r holds entry r of a [world] vector, added
+// to every element). Its correct backward sums w's gradient over the world
+// (a hook with sum_over_ranks); the planted ones forget the sum, double it,
+// place c's shard at the wrong entry, or are not affine in w.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "partita/mpi/runtime.hpp"
+#include "partita/testing/module_checks.hpp"
+
+namespace partita::testing {
+namespace {
+
+enum class Plant { kNone, kNoSum, kDoubled, kWrongStart, kSquare };
+
+struct Toy {
+  int64_t n = 3;
+  Plant plant = Plant::kNone;
+  at::Tensor w = at::ones({3}, at::kDouble).requires_grad_(true);
+  at::Tensor c = at::zeros({1}, at::kDouble).requires_grad_(true);
+
+  Toy(Plant p) : plant(p) {
+    if (plant == Plant::kNoSum) return;
+    w.register_hook([this](const at::Tensor& g) {
+      std::vector<double> v(g.data_ptr<double>(), g.data_ptr<double>() + g.numel());
+      v = sum_over_ranks(std::move(v));
+      at::Tensor s = at::tensor(v, at::kDouble);
+      return plant == Plant::kDoubled ? s * 2 : s;
+    });
+  }
+
+  DistributedModule module() {
+    const int me = mpi::world_rank(), p = mpi::world_size();
+    DistributedModule m;
+    m.name = "toy";
+    m.run = [this](const Tensors& xs) {
+      const at::Tensor wu = plant == Plant::kSquare ? w * w : w;
+      return Tensors{xs[0] * wu + c};
+    };
+    m.shards = [this, me, p] {
+      const int64_t at = plant == Plant::kWrongStart ? (me + 1) % p : me;
+      return std::vector<ParameterShard>{{"w", w, {}}, {"c", c, {at}}};
+    };
+    m.parameters = {{"w", {n}}, {"c", {p}}};
+    m.input_shapes = [this](int r) { return std::vector<Shape>{{r + 1, n}}; };
+    m.twin = [this](const std::vector<Tensors>& xs, const ParameterMap& g) {
+      std::vector<Tensors> ys;
+      for (size_t r = 0; r < xs.size(); ++r) {
+        const at::Tensor wu = g.at("w");
+        const at::Tensor c_all = g.at("c");
+        const auto i = static_cast<int64_t>(r);
+        ys.push_back({xs[r][0] * wu + (i < c_all.size(0) ? c_all.narrow(0, i, 1) : at::zeros({1}, at::kDouble))});
+      }
+      return ys;
+    };
+    return m;
+  }
+};
+
+TEST(ModuleChecks, PassOnACorrectModule) {
+  Toy toy(Plant::kNone);
+  const auto m = toy.module();
+  PARTITA_EXPECT_AGREED(check_module_forward(m, 5));
+  PARTITA_EXPECT_AGREED(check_module_backward(m, 5));
+  // (Not with an output unused: the toy's hook, a collective, runs only
+  // where a gradient arrives; partita's layers run theirs regardless.)
+  PARTITA_EXPECT_AGREED(check_module_adjoint(m, 5, Wrt::Parameters));
+  PARTITA_EXPECT_AGREED(check_module_adjoint(m, 5, Wrt::Inputs));
+  PARTITA_EXPECT_AGREED(check_module_finite_differences(m, 5));
+}
+
+TEST(ModuleChecks, AReplicatedGradientNotSummedFailsBackward) {
+  if (mpi::world_size() == 1) GTEST_SKIP() << "one rank: nothing to sum";
+  Toy toy(Plant::kNoSum);
+  const std::string why = agree(check_module_backward(toy.module(), 5));
+  EXPECT_NE(why.find("toy gradient of 'w' [3] at [0]"), std::string::npos) << why;
+  const std::string fd = agree(check_module_finite_differences(toy.module(), 5));
+  EXPECT_NE(fd.find("toy gradient of 'w' element"), std::string::npos) << fd;
+}
+
+TEST(ModuleChecks, ADoubledGradientFailsBackwardAndFiniteDifferences) {
+  Toy toy(Plant::kDoubled);
+  const std::string why = agree(check_module_backward(toy.module(), 5));
+  EXPECT_NE(why.find("gradient of 'w'"), std::string::npos) << why;
+  const std::string fd = agree(check_module_finite_differences(toy.module(), 5));
+  EXPECT_NE(fd.find("gradient of 'w' element"), std::string::npos) << fd;
+  const std::string adj = agree(check_module_adjoint(toy.module(), 5, Wrt::Parameters));
+  EXPECT_NE(adj.find("adjoint identity in its parameters"), std::string::npos) << adj;
+}
+
+TEST(ModuleChecks, AShardAtTheWrongPlaceFailsForward) {
+  if (mpi::world_size() == 1) GTEST_SKIP() << "one rank: one place";
+  Toy toy(Plant::kWrongStart);
+  const std::string why = agree(check_module_forward(toy.module(), 5));
+  EXPECT_NE(why.find("toy forward (output 0"), std::string::npos) << why;
+}
+
+TEST(ModuleChecks, AModuleNotAffineInItsParametersFailsTheAdjoint) {
+  Toy toy(Plant::kSquare);
+  const std::string adj = agree(check_module_adjoint(toy.module(), 5, Wrt::Parameters));
+  EXPECT_NE(adj.find("adjoint identity in its parameters"), std::string::npos) << adj;
+}
+
+TEST(ModuleChecks, AShardOutsideItsParameterIsNamed) {
+  Toy toy(Plant::kNone);
+  auto m = toy.module();
+  m.parameters["c"] = {mpi::world_size() - 1 > 0 ? mpi::world_size() - 1 : 0};
+  const std::string why = agree(check_module_forward(m, 5));
+  EXPECT_NE(why.find("lies outside the global shape"), std::string::npos) << why;
+}
+
+}  // namespace
+}  // namespace partita::testing
