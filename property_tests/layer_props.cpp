@@ -9,6 +9,10 @@
 //  - SequenceParallelLayerNorm: tokens split over the world (uneven, some
 //    ranks with none), the weight and bias replicated and their gradients
 //    summed over the team; on a partition with a data-parallel axis too.
+//  - VocabParallelEmbedding: the table's rows split over the world (uneven),
+//    token ids split by tokens; VocabParallelCrossEntropy: logits split by
+//    vocabulary, targets by tokens, on replicas too (ids and targets drawn
+//    in 0..7, so the vocabulary has 8 to 13 entries).
 //  - DistributedLinearAllGather and DistributedLinearReduceScatter on a
 //    stage's partitions (batch over d replicas, tokens or features over t):
 //    W and b stored on replica 0 in blocks, their gradients the sum of every
@@ -19,10 +23,12 @@
 
 #include <algorithm>
 
+#include "partita/errors.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/layer_norm.hpp"
 #include "partita/nn/linear.hpp"
+#include "partita/nn/vocab_parallel.hpp"
 #include "partita/testing/lockstep.hpp"
 #include "partita/testing/module_checks.hpp"
 
@@ -150,6 +156,100 @@ TEST(LayerProperty, DistributedLinearLayersMatchTheirTwins) {
                            ModuleCheckOptions().adjoint_parameters(true).finite_differences(c.seed % 10 == 0));
         }));
   }
+}
+
+// The table's rows over t = world ranks (one replica: over replicas the
+// table is replicated and smp's pipeline averages it, docs/3d.md).
+TEST(LayerProperty, VocabParallelEmbeddingMatchesItsTwin) {
+  const int p = mpi::world_size();
+  EXPECT_TRUE(check_lockstep<LayoutCase>("vocab-parallel embedding", gen_layout(p, 1), [&](const LayoutCase& c,
+                                                                                          Verdict& v) {
+    const int64_t t = p, vocab = 8 + c.out % 6, rows = c.batch / c.d;
+    const auto P = mpi::Partition::world().create_cartesian_topology_partition({1, t, 1});
+    nn::VocabParallelEmbedding layer(P, vocab, c.features, nn::EmbeddingOptions().dtype(at::kDouble));
+    DistributedModule m;
+    m.name = "VocabParallelEmbedding";
+    m.run = [&](const Tensors& xs) { return Tensors{layer->forward(xs[0])}; };
+    m.shards = [&] { return std::vector<ParameterShard>{{"weight", layer->weight, {layer->vocab_start(), 0}}}; };
+    m.parameters = {{"weight", {vocab, c.features}}};
+    m.input_shapes = [&](int r) { return std::vector<Shape>{{rows, length(c.tokens, t, r)}}; };
+    m.integer_inputs = {{0, at::kLong}};
+    m.twin = [&](const std::vector<Tensors>& xs, const ParameterMap& w) {
+      Tensors pieces;
+      for (const auto& x : xs) pieces.push_back(x[0]);
+      const at::Tensor ids = at::cat(pieces, 1);
+      const at::Tensor E = at::embedding(w.at("weight"), ids);
+      std::vector<Tensors> ys;
+      for (int64_t s = 0; s < t; ++s) ys.push_back({E.narrow(1, first(c.tokens, t, s), length(c.tokens, t, s))});
+      return ys;
+    };
+    check_module_all(m, c.seed, v,
+                     ModuleCheckOptions().adjoint_parameters(true).finite_differences(c.seed % 10 == 0));
+  }));
+}
+
+TEST(LayerProperty, VocabParallelCrossEntropyMatchesItsTwin) {
+  const int p = mpi::world_size();
+  EXPECT_TRUE(check_lockstep<LayoutCase>("vocab-parallel cross-entropy", gen_layout(p, 1), [&](const LayoutCase& c,
+                                                                                              Verdict& v) {
+    const int64_t t = p / c.d, vocab = 8 + c.out % 6, rows = c.batch / c.d;
+    const auto P = mpi::Partition::world().create_cartesian_topology_partition({c.d, t, 1});
+    nn::VocabParallelCrossEntropy loss(P, vocab);
+    DistributedModule m;
+    m.name = "VocabParallelCrossEntropy";
+    m.run = [&](const Tensors& xs) { return Tensors{loss->forward(xs[0], xs[1])}; };
+    m.shards = [] { return std::vector<ParameterShard>{}; };
+    m.input_shapes = [&](int r) {
+      const int64_t s = r % t;
+      return std::vector<Shape>{{rows, c.tokens, length(vocab, t, s)}, {rows, length(c.tokens, t, s)}};
+    };
+    m.integer_inputs = {{1, at::kLong}};
+    // The twin: each replica's whole logits and targets, log-softmax at the
+    // target, cut by tokens.
+    m.twin = [&](const std::vector<Tensors>& xs, const ParameterMap&) {
+      std::vector<Tensors> ys(xs.size());
+      for (int64_t q = 0; q < c.d; ++q) {
+        Tensors l, g;
+        for (int64_t s = 0; s < t; ++s) {
+          l.push_back(xs[rank_of(t, q, s)][0]);
+          g.push_back(xs[rank_of(t, q, s)][1]);
+        }
+        const at::Tensor logp = at::log_softmax(at::cat(l, 2), -1);
+        const at::Tensor nll = -logp.gather(-1, at::cat(g, 1).unsqueeze(-1)).squeeze(-1);
+        for (int64_t s = 0; s < t; ++s)
+          ys[rank_of(t, q, s)] = {nll.narrow(1, first(c.tokens, t, s), length(c.tokens, t, s))};
+      }
+      return ys;
+    };
+    check_module_all(m, c.seed, v, ModuleCheckOptions().finite_differences(c.seed % 10 == 0));
+  }));
+}
+
+// An id or a target outside the vocabulary on one rank raises ShapeError on
+// every rank of its team (each sees the whole team's after the all-gather),
+// never a silent zero row; a good call works afterwards.
+TEST(LayerProperty, TokensOutsideTheVocabularyRaiseOnEveryRank) {
+  const int p = mpi::world_size();
+  const auto P = mpi::Partition::world().create_cartesian_topology_partition({1, p, 1});
+  nn::VocabParallelEmbedding embed(P, 8, 3, nn::EmbeddingOptions().dtype(at::kDouble));
+  nn::VocabParallelCrossEntropy loss(P, 8);
+  at::Tensor ids = at::zeros({2, 2}, at::kLong);
+  if (mpi::world_rank() == p - 1) ids[1][1] = 8;
+  std::string e1, e2;
+  try {
+    embed->forward(ids);
+  } catch (const ShapeError& e) {
+    e1 = e.what();
+  }
+  try {
+    loss->forward(at::zeros({2, 2 * p, 8 / p + (mpi::world_rank() < 8 % p ? 1 : 0)}, at::kDouble), ids);
+  } catch (const ShapeError& e) {
+    e2 = e.what();
+  }
+  EXPECT_NE(e1.find("ids 8 lies outside the vocabulary [0, 8)"), std::string::npos) << e1;
+  EXPECT_NE(e2.find("targets 8 lies outside the vocabulary [0, 8)"), std::string::npos) << e2;
+  ids.zero_();
+  EXPECT_EQ(embed->forward(ids).sizes(), (at::IntArrayRef{2, 2, 3}));
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "partita/nn/functional.hpp"
 #include "partita/nn/halo_exchange.hpp"
 #include "partita/nn/layer_norm.hpp"
+#include "partita/nn/vocab_parallel.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/nn/reduce_scatter.hpp"
 #include "partita/nn/repartition.hpp"

@@ -14,6 +14,7 @@
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/layer_norm.hpp"
 #include "partita/nn/linear.hpp"
+#include "partita/nn/vocab_parallel.hpp"
 #include "partita/smp/communicators.hpp"
 #include "partita/smp/schedule.hpp"
 #include "partita/smp/tensor_parallel.hpp"
@@ -69,8 +70,17 @@ std::string describe_layer(const std::shared_ptr<torch::nn::Module>& m) {
     if (auto d = std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub))
       os << "(" << d->in_features() << " -> " << d->out_features() << " on "
          << (d->partition().is_null() ? std::string("none") : d->partition().describe()) << ")";
+    if (auto e = std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(sub))
+      os << "(" << e->vocab() << " x " << e->hidden() << " on " << e->partition().describe() << ")";
   }
+  // (A vocabulary-parallel table's rows differ between tp ranks when the
+  // vocabulary does not divide: it is described by its sizes above.)
+  std::set<const void*> sharded;
+  for (const auto& sub : m->modules(/*include_self=*/true))
+    if (std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(sub))
+      for (const auto& p : sub->parameters()) sharded.insert(p.unsafeGetTensorImpl());
   for (const auto& p : replicated_parameters(m)) {
+    if (sharded.count(p.unsafeGetTensorImpl())) continue;
     os << " [";
     for (int64_t i = 0; i < p.dim(); ++i) os << (i ? "x" : "") << p.size(i);
     os << "]";
@@ -174,7 +184,8 @@ void check_parameters_known_to_tensor_parallel(const Stages& m) {
   for (size_t i = 0; i < m.children.size(); ++i)
     for (const auto& sub : m.children[i]->modules(/*include_self=*/true)) {
       if (std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub) ||
-          std::dynamic_pointer_cast<nn::SequenceParallelLayerNormImpl>(sub))
+          std::dynamic_pointer_cast<nn::SequenceParallelLayerNormImpl>(sub) ||
+          std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(sub))
         continue;
       const auto own = sub->named_parameters(/*recurse=*/false);
       if (own.is_empty()) continue;
@@ -184,7 +195,8 @@ void check_parameters_known_to_tensor_parallel(const Stages& m) {
                        sub->name() + " with parameters " + names + ", which partita does not know how to train " +
                        "under tensor_parallel_degree " + std::to_string(layout().tp_size()) +
                        ": each tp rank would get only its own share of their gradient. Build tensor-parallel "
-                       "stages from partita's layers (nn::SequenceParallelLayerNorm, nn::DistributedLinear*)");
+                       "stages from partita's layers (nn::SequenceParallelLayerNorm, nn::VocabParallelEmbedding, "
+                       "nn::DistributedLinear*)");
     }
 }
 
