@@ -13,6 +13,8 @@
 //    token ids split by tokens; VocabParallelCrossEntropy: logits split by
 //    vocabulary, targets by tokens, on replicas too (ids and targets drawn
 //    in 0..7, so the vocabulary has 8 to 13 entries).
+//  - ParallelSelfAttention: heads split over t (1 or 2 per worker), tokens
+//    uneven, on replicas too, against reference::parallel_self_attention.
 //  - DistributedLinearAllGather and DistributedLinearReduceScatter on a
 //    stage's partitions (batch over d replicas, tokens or features over t):
 //    W and b stored on replica 0 in blocks, their gradients the sum of every
@@ -26,9 +28,12 @@
 #include "partita/errors.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
+#include "partita/nn/attention.hpp"
 #include "partita/nn/layer_norm.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/nn/vocab_parallel.hpp"
+#include "partita/reference/attention.hpp"
+#include "partita/reference/partition.hpp"
 #include "partita/testing/lockstep.hpp"
 #include "partita/testing/module_checks.hpp"
 
@@ -250,6 +255,48 @@ TEST(LayerProperty, TokensOutsideTheVocabularyRaiseOnEveryRank) {
   EXPECT_NE(e2.find("targets 8 lies outside the vocabulary [0, 8)"), std::string::npos) << e2;
   ids.zero_();
   EXPECT_EQ(embed->forward(ids).sizes(), (at::IntArrayRef{2, 2, 3}));
+}
+
+// Each Linear layer's shards: its W and b blocks where it stores them.
+void add_linear_shards(std::vector<ParameterShard>& out, const std::string& name, const nn::DistributedLinearBase& l) {
+  const auto wb = l.weight_block();
+  const auto bb = l.bias_block();
+  if (l.local_weight().defined() && wb[1] > 0) out.push_back({name + ".weight", l.local_weight(), {wb[0], wb[2]}});
+  if (l.local_bias().defined() && bb[1] > 0) out.push_back({name + ".bias", l.local_bias(), {bb[0]}});
+}
+
+TEST(LayerProperty, ParallelSelfAttentionMatchesTheReference) {
+  const int p = mpi::world_size();
+  EXPECT_TRUE(check_lockstep<LayoutCase>("parallel self-attention", gen_layout(p, 1), [&](const LayoutCase& c,
+                                                                                         Verdict& v) {
+    const int64_t t = p / c.d, rows = c.batch / c.d;
+    const int64_t heads = t * (1 + c.out % 2), head_dim = 1 + c.features % 3, H = heads * head_dim;
+    const auto tokens = mpi::Partition::world().create_cartesian_topology_partition({c.d, t, 1});
+    const auto features = mpi::Partition::world().create_cartesian_topology_partition({c.d, 1, t});
+    nn::ParallelSelfAttention layer(tokens, features, H, heads, nn::LinearOptions().dtype(at::kDouble));
+    const auto ref_tokens = reference::Partition::world(p).create_cartesian_topology_partition({c.d, t, 1});
+    DistributedModule m;
+    m.name = "ParallelSelfAttention";
+    m.run = [&](const Tensors& xs) { return Tensors{layer->forward(xs[0])}; };
+    m.shards = [&] {
+      std::vector<ParameterShard> s;
+      add_linear_shards(s, "qkv", *layer->qkv);
+      add_linear_shards(s, "proj", *layer->proj);
+      return s;
+    };
+    m.parameters = {{"qkv.weight", {3 * H, H}}, {"qkv.bias", {3 * H}}, {"proj.weight", {H, H}}, {"proj.bias", {H}}};
+    m.input_shapes = [&](int r) { return std::vector<Shape>{{rows, length(c.tokens, t, r % t), H}}; };
+    m.twin = [&](const std::vector<Tensors>& xs, const ParameterMap& w) {
+      Tensors flat;
+      for (const auto& x : xs) flat.push_back(x[0]);
+      const Tensors ys = reference::parallel_self_attention(ref_tokens, heads, w.at("qkv.weight"), w.at("qkv.bias"),
+                                                            w.at("proj.weight"), w.at("proj.bias"), flat);
+      std::vector<Tensors> out;
+      for (const auto& y : ys) out.push_back({y});
+      return out;
+    };
+    check_module_all(m, c.seed, v, ModuleCheckOptions().finite_differences(c.seed % 10 == 0 && H <= 4));
+  }));
 }
 
 }  // namespace

@@ -142,7 +142,7 @@ ParameterMap multiplicity(const DistributedModule& m, const std::vector<Paramete
 }
 
 std::string named(const DistributedModule& m, const std::string& what, const std::string& why) {
-  return why.empty() ? "" : m.name + " " + what + ": " + why;
+  return why.empty() ? "" : m.name + " " + what + ": " + why + "; ";
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "partita/nn/broadcast.hpp"
 #include "partita/nn/functional.hpp"
 #include "partita/nn/halo_exchange.hpp"
+#include "partita/nn/attention.hpp"
 #include "partita/nn/layer_norm.hpp"
 #include "partita/nn/vocab_parallel.hpp"
 #include "partita/nn/linear.hpp"
