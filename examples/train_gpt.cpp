@@ -1,0 +1,160 @@
+// Trains a small character-level GPT under pipeline x tensor x data
+// parallelism with partita's transformer layers (docs/transformer.md): 4
+// blocks, 4 heads, width 64, context 64, a vocabulary of the 128 ASCII
+// characters, on a text every Debian system has (the GPL's text under
+// /usr/share/common-licenses, or the file given with --text).
+//
+//   mpiexec.mpich -n 8 build/examples/train_gpt            # pp 2 x tp 2 x dp 2
+//   PARTITA_SMP_CONFIG='{"partitions": 1, "tensor_parallel_degree": 2}' mpiexec.mpich -n 4 build/examples/train_gpt
+//   build/examples/train_gpt --steps 50 --batch 16         # one process
+//
+// Prints the layout, then the loss per step (the mean cross-entropy over the
+// global batch, in nats); exits 0 when the loss fell over the run.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gpt/gpt.hpp"
+#include "partita/distribute.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/smp.hpp"
+#include "partita/smp/pipeline.hpp"
+#include "partita/smp/step.hpp"
+#include "partita/smp/tensor_parallel.hpp"
+
+namespace mpi = partita::mpi;
+namespace nn = partita::nn;
+namespace smp = partita::smp;
+
+struct Flags {
+  int steps = 30;
+  int64_t batch = 16;  // sequences per step, over all replicas
+  double lr = 3e-3;
+  uint64_t seed = 2026;
+  std::string text = "/usr/share/common-licenses/GPL-3";
+  gpt::Sizes sizes;
+};
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--steps") f.steps = std::stoi(v);
+    else if (k == "--batch") f.batch = std::stoll(v);
+    else if (k == "--lr") f.lr = std::stod(v);
+    else if (k == "--seed") f.seed = std::stoull(v);
+    else if (k == "--text") f.text = v;
+    else if (k == "--layers") f.sizes.layers = std::stoll(v);
+    else if (k == "--hidden") f.sizes.hidden = std::stoll(v);
+    else if (k == "--heads") f.sizes.heads = std::stoll(v);
+    else if (k == "--context") f.sizes.context = std::stoll(v);
+    else throw std::invalid_argument("train_gpt: unknown flag " + k);
+  }
+  return f;
+}
+
+smp::Config configuration(int world) {
+  if (std::getenv(smp::kConfigVariable)) return smp::Config::from_environment();
+  smp::Config c;  // two stages of two tp ranks where the world allows
+  c.partitions(world % 2 == 0 ? 2 : 1);
+  c.tensor_parallel_degree(world % (2 * c.partitions()) == 0 ? 2 : 1);
+  c.microbatches(2);
+  c.pipeline("interleaved");
+  return c;
+}
+
+double group_sum(double v, smp::CommGroup group) {
+  double s = 0;
+  for (double x : smp::allgather(v, group)) s += x;
+  return s;
+}
+
+int main(int argc, char** argv) {
+  mpi::Environment env(&argc, &argv);
+  at::set_num_threads(1);
+  const Flags f = parse(argc, argv);
+  smp::init(configuration(mpi::world_size()));
+  const int pp = smp::pp_size(), tp = smp::tp_size(), dp = smp::dp_size(), stage = smp::pp_rank();
+  const int microbatches = smp::config().microbatches();
+  const gpt::Sizes& s = f.sizes;
+  const int64_t T = s.context;
+  if (smp::rank() == 0)
+    std::printf("train_gpt: %d processes = dp %d x pp %d x tp %d, %d microbatches, pipeline %s; "
+                "%lld blocks, %lld heads, width %lld, context %lld, vocabulary %lld\n",
+                smp::size(), dp, pp, tp, microbatches, smp::config().pipeline().c_str(), (long long)s.layers,
+                (long long)s.heads, (long long)s.hidden, (long long)T, (long long)s.vocab);
+  if (f.batch % (dp * microbatches) != 0 || T % tp != 0) {
+    if (smp::rank() == 0) std::printf("train_gpt: --batch must divide by dp x microbatches and the context by tp\n");
+    return 2;
+  }
+
+  // The text, as ASCII codes (others become '?').
+  std::ifstream in(f.text, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (static_cast<int64_t>(text.size()) < T + 2) {
+    if (smp::rank() == 0) std::printf("train_gpt: cannot read enough text from %s\n", f.text.c_str());
+    return 2;
+  }
+  std::vector<int64_t> codes;
+  for (unsigned char ch : text) codes.push_back(ch < 128 ? ch : '?');
+  const at::Tensor corpus = at::tensor(codes, at::TensorOptions(at::kLong));
+
+  // The model: every rank builds every layer on its stage's partitions,
+  // from the same global parameters one process would start from.
+  std::vector<smp::StagePartitions> parts;
+  for (int k = 0; k < pp; ++k) parts.push_back(smp::stage_partitions(k));
+  const int v = smp::config().virtual_pipeline_model_parallel_size();
+  gpt::Model m = gpt::build(parts, s, v);
+  gpt::load(m, gpt::init_parameters(s, f.seed));
+  smp::DistributedModel model(m.layers, gpt::split_points(s, pp * v));
+  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(f.lr));
+
+  nn::VocabParallelCrossEntropy ce(parts[pp - 1].tokens, s.vocab);
+  const double tokens_per_microbatch = static_cast<double>(f.batch / dp / microbatches * T);
+  auto train = smp::step([&](at::Tensor xb, at::Tensor yb) {
+    const at::Tensor out = model(xb);
+    // This rank's tokens' share of its replica's mean cross-entropy
+    // (docs/3d.md, "One rule for every parameter").
+    at::Tensor loss = stage == pp - 1 ? ce(out, yb).sum() / tokens_per_microbatch : out.sum() * 0;
+    model.backward(loss);
+    return loss;
+  });
+
+  auto gen = at::detail::createCPUGenerator(f.seed + 1);
+  const at::Tensor positions = at::arange(T, at::TensorOptions(at::kLong)).unsqueeze(0).expand({f.batch, T});
+  const mpi::Partition& cut = parts[stage].tokens;
+  double first = 0, last = 0, seconds = 0;
+  for (int step = 0; step < f.steps; ++step) {
+    // Every rank draws the same windows of the text; each keeps its piece.
+    const at::Tensor starts = at::randint(0, corpus.size(0) - T - 1, {f.batch}, gen, at::TensorOptions(at::kLong));
+    const at::Tensor offsets = starts.unsqueeze(1) + at::arange(T, at::TensorOptions(at::kLong)).unsqueeze(0);
+    const at::Tensor ids = corpus.index_select(0, offsets.reshape(-1)).reshape({f.batch, T});
+    const at::Tensor targets = corpus.index_select(0, (offsets + 1).reshape(-1)).reshape({f.batch, T});
+    const at::Tensor x = partita::distribute(at::stack({ids, positions}, 2).contiguous(), cut);
+    const at::Tensor y = partita::distribute(targets.unsqueeze(2).contiguous(), cut).squeeze(2).contiguous();
+
+    const auto t0 = std::chrono::steady_clock::now();
+    opt.zero_grad();
+    smp::StepOutput losses = train(x, y);
+    opt.step();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double mine = 0;
+    for (const auto& l : losses.outputs()) mine += l.item<double>();
+    const double loss = group_sum(group_sum(mine / microbatches, smp::TP_GROUP), smp::DP_GROUP) / dp;
+    if (smp::rank() == 0) std::printf("step %d: loss %.4f\n", step, loss);
+    if (step == 0) first = loss;
+    last = loss;
+  }
+  if (smp::rank() == 0)
+    std::printf("train_gpt: the loss %s from %.4f to %.4f (%.3f s per step)\n", last < first ? "fell" : "did not fall",
+                first, last, seconds / f.steps);
+  return last < first ? 0 : 1;
+}
