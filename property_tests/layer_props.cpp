@@ -15,6 +15,9 @@
 //    in 0..7, so the vocabulary has 8 to 13 entries).
 //  - ParallelSelfAttention: heads split over t (1 or 2 per worker), tokens
 //    uneven, on replicas too, against reference::parallel_self_attention.
+//  - SeededDropout: each worker's mask against one process's mask of the
+//    whole tensor (the global batch and sequence), cut as the input is; and
+//    a region replicated over t drawing the same mask on every worker.
 //  - DistributedLinearAllGather and DistributedLinearReduceScatter on a
 //    stage's partitions (batch over d replicas, tokens or features over t):
 //    W and b stored on replica 0 in blocks, their gradients the sum of every
@@ -29,10 +32,12 @@
 #include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/attention.hpp"
+#include "partita/nn/dropout.hpp"
 #include "partita/nn/layer_norm.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/nn/vocab_parallel.hpp"
 #include "partita/reference/attention.hpp"
+#include "partita/reference/dropout.hpp"
 #include "partita/reference/partition.hpp"
 #include "partita/testing/lockstep.hpp"
 #include "partita/testing/module_checks.hpp"
@@ -296,6 +301,66 @@ TEST(LayerProperty, ParallelSelfAttentionMatchesTheReference) {
       return out;
     };
     check_module_all(m, c.seed, v, ModuleCheckOptions().finite_differences(c.seed % 10 == 0 && H <= 4));
+  }));
+}
+
+TEST(LayerProperty, SeededDropoutIsOneProcesssMaskSliced) {
+  const int p = mpi::world_size();
+  EXPECT_TRUE(check_lockstep<LayoutCase>("seeded dropout", gen_layout(p, 1), [&](const LayoutCase& c, Verdict& v) {
+    const int64_t t = p / c.d, rows = c.batch / c.d;
+    const bool replicated = c.out % 3 == 0;  // a region replicated over t
+    const double drop = 0.1 * static_cast<double>(1 + c.out % 7);
+    const auto P = mpi::Partition::world().create_cartesian_topology_partition({c.d, t, 1});
+    nn::SeededDropout layer(P, nn::DropoutOptions().p(drop).seed(c.seed).replicated_axes(replicated ? std::vector<int>{1}
+                                                                                                      : std::vector<int>{}));
+    const auto one = reference::Partition::world(1).create_cartesian_topology_partition({1, 1, 1});
+    auto tokens_of = [&](int64_t s) { return replicated ? c.tokens : length(c.tokens, t, s); };
+    DistributedModule m;
+    m.name = replicated ? "SeededDropout (replicated over tp)" : "SeededDropout";
+    m.run = [&](const Tensors& xs) {
+      layer->reseed(c.seed);  // every run the layer's first mask
+      return Tensors{layer->forward(xs[0])};
+    };
+    m.shards = [] { return std::vector<ParameterShard>{}; };
+    m.input_shapes = [&](int r) { return std::vector<Shape>{{rows, tokens_of(r % t), c.features}}; };
+    // One process: the whole tensor's first mask, cut as the pieces are (a
+    // replicated region: every worker's tensor under the same mask).
+    m.twin = [&](const std::vector<Tensors>& xs, const ParameterMap&) {
+      std::vector<Tensors> ys(xs.size());
+      if (replicated) {  // replicas along the batch, every token on every tp rank
+        const at::Tensor M = reference::seeded_dropout(one, drop, c.seed, 0, {}, {at::ones({c.batch, c.tokens, c.features}, at::kDouble)})[0];
+        for (size_t r = 0; r < xs.size(); ++r)
+          ys[r] = {xs[r][0] * M.narrow(0, (static_cast<int64_t>(r) / t) * rows, rows)};
+        return ys;
+      }
+      Tensors by_replica;
+      for (int64_t q = 0; q < c.d; ++q) {
+        Tensors pieces;
+        for (int64_t s = 0; s < t; ++s) pieces.push_back(xs[rank_of(t, q, s)][0]);
+        by_replica.push_back(at::cat(pieces, 1));
+      }
+      const at::Tensor Y = reference::seeded_dropout(one, drop, c.seed, 0, {}, {at::cat(by_replica, 0)})[0];
+      for (int64_t q = 0; q < c.d; ++q)
+        for (int64_t s = 0; s < t; ++s)
+          ys[rank_of(t, q, s)] = {Y.narrow(0, q * rows, rows).narrow(1, first(c.tokens, t, s), length(c.tokens, t, s))};
+      return ys;
+    };
+    // The adjoint where the mask keeps something (all of 64 elements are
+    // dropped with probability below 0.7^64).
+    const int64_t elements = c.batch * c.tokens * c.features * (replicated ? t : 1);
+    const auto o = ModuleCheckOptions().adjoint_inputs(elements >= 64).finite_differences(c.seed % 10 == 0);
+    check_module_all(m, c.seed, v, o);
+    // The next call draws another mask; eval mode none.
+    layer->reseed(c.seed);
+    const at::Tensor x = at::ones({rows, tokens_of(mpi::world_rank() % t), c.features}, at::kDouble);
+    const at::Tensor first_mask = layer->forward(x), second_mask = layer->forward(x);
+    layer->eval();
+    v.expect(layer->forward(x).equal(x), "eval mode changed the input");
+    // (Two masks of 200 or more elements agree with probability below
+    // 0.82^200 at these p.)
+    const bool same_everywhere = all_ranks(first_mask.equal(second_mask));
+    v.expect(!same_everywhere || sum_over_ranks(static_cast<double>(x.numel())) < 200,
+             "two calls drew the same mask everywhere");
   }));
 }
 

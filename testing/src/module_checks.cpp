@@ -142,7 +142,12 @@ ParameterMap multiplicity(const DistributedModule& m, const std::vector<Paramete
 }
 
 std::string named(const DistributedModule& m, const std::string& what, const std::string& why) {
-  return why.empty() ? "" : m.name + " " + what + ": " + why + "; ";
+  return why.empty() ? "" : m.name + " " + what + ": " + why;
+}
+
+// Adds one problem to a list of them, "; " between.
+void append(std::string& problems, const std::string& one) {
+  if (!one.empty()) problems += (problems.empty() ? "" : "; ") + one;
 }
 
 }  // namespace
@@ -175,8 +180,8 @@ std::string check_module_forward(const DistributedModule& m, uint64_t seed, cons
     return problem + m.name + " forward: " + std::to_string(got.size()) + " outputs, the twin " +
            std::to_string(want[me].size());
   for (size_t j = 0; j < got.size(); ++j)
-    problem += named(m, "forward (output " + std::to_string(j) + ", " + c10::toString(m.dtype) + ")",
-                     compare(got[j], want[me][j], tol));
+    append(problem, named(m, "forward (output " + std::to_string(j) + ", " + c10::toString(m.dtype) + ")",
+                     compare(got[j], want[me][j], tol)));
   return problem;
 }
 
@@ -231,7 +236,7 @@ std::string check_module_backward(const DistributedModule& m, uint64_t seed, con
   for (size_t j = 0; j < x.size(); ++j) {
     if (!is_float_input(m, static_cast<int>(j))) continue;
     const at::Tensor g = x[j].grad().defined() ? x[j].grad() : at::zeros_like(x[j]);
-    problem += named(m, "gradient of input " + std::to_string(j) + which, compare(g, want[k++].detach(), tol));
+    append(problem, named(m, "gradient of input " + std::to_string(j) + which, compare(g, want[k++].detach(), tol)));
   }
   std::map<std::string, at::Tensor> global_grad;
   for (const auto& [name, t] : tp) global_grad[name] = want[k++].detach();
@@ -247,7 +252,7 @@ std::string check_module_backward(const DistributedModule& m, uint64_t seed, con
     const at::Tensor g = s.tensor.grad().defined() ? s.tensor.grad() : at::zeros_like(s.tensor);
     std::ostringstream where;
     where << "gradient of '" << s.name << "' " << shape_text(s.tensor.sizes()) << " at " << shape_text(start_of(s)) << which;
-    problem += named(m, where.str(), compare(g, want_s, tol));
+    append(problem, named(m, where.str(), compare(g, want_s, tol)));
   }
   return problem;
 }

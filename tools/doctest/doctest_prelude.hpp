@@ -19,6 +19,7 @@
 #include "partita/nn/all_gather.hpp"
 #include "partita/nn/all_sum_reduce.hpp"
 #include "partita/nn/broadcast.hpp"
+#include "partita/nn/dropout.hpp"
 #include "partita/nn/functional.hpp"
 #include "partita/nn/halo_exchange.hpp"
 #include "partita/nn/attention.hpp"
