@@ -11,7 +11,10 @@
 //   was, and the next output is new; so is one the caller made require grad;
 // - the layer keeps neither an output with an autograd node (nor, through
 //   it, the graph), nor one above the size limit, nor any with the limit 0;
-// - inference mode gets an inference tensor, and normal mode a normal one.
+// - inference mode gets an inference tensor, and normal mode a normal one;
+// - under torch::NoGradGuard or c10::InferenceMode an input that requires
+//   grad gets an output without an autograd node, as LibTorch's own ops
+//   give, and that output is reused like any other.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -305,6 +308,34 @@ TEST_F(OutputReuse, InferenceModeGetsAnInferenceTensor) {
     const at::Tensor x3 = c.input(3);
     const at::Tensor outside = layer(x3);
     ok = ok && same_bits(outside, check(x3)) && !outside.is_inference();
+    EXPECT_TRUE(agreed(ok)) << c.name << ", rank " << rank();
+  }
+}
+
+TEST_F(OutputReuse, GradModeOffGivesNoNodeAndReuses) {
+  for (const auto& c : cases()) {
+    const Layer layer = c.make(), check = c.make();
+    bool ok = true;
+    {
+      at::NoGradGuard no_grad;
+      at::Tensor y = layer(c.input(1).requires_grad_(true));
+      ok = ok && !y.requires_grad() && !y.grad_fn();
+      const void* data = y.numel() > 0 ? y.data_ptr() : nullptr;
+      y.reset();
+      const at::Tensor x2 = c.input(2).requires_grad_(true);
+      y = layer(x2);
+      ok = ok && !y.requires_grad() && same_bits(y, check(x2.detach()));
+      if (data) ok = ok && y.data_ptr() == data;  // the dropped output, reused
+    }
+    {
+      const at::Tensor x3 = c.input(3).requires_grad_(true);
+      c10::InferenceMode guard;
+      const at::Tensor y = layer(x3);
+      ok = ok && !y.requires_grad() && !y.grad_fn();
+    }
+    // With grad mode on, the node is there again.
+    const at::Tensor y4 = layer(c.input(4).requires_grad_(true));
+    ok = ok && (y4.numel() == 0 || y4.requires_grad());
     EXPECT_TRUE(agreed(ok)) << c.name << ", rank " << rank();
   }
 }

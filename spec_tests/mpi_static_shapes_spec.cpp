@@ -389,5 +389,47 @@ TEST_F(StaticShapes, CommunicatorBrokenPromises) {
   }
 }
 
+// A first call that raises in its own checks (shapes that differ between
+// ranks where they must agree, an out of the wrong shape) makes no promise:
+// the next call with good input is a first call again, and later calls keep
+// its promise, with and without the debug setting.
+TEST_F(StaticShapes, AFailingFirstCommunicatorCallMakesNoPromise) {
+  if (size() < 2) GTEST_SKIP() << "one rank: nothing to differ between ranks";
+  const auto comm = mpi::Communicator::world();
+  for (const bool checked : {false, true}) {
+    const Verify verify(checked);
+    {
+      const auto site = mpi::StaticShapes::promise();
+      const at::Tensor bad = at::ones({2, rank() == size() - 1 ? 3 : 2});
+      const std::string rule = raised_rule<ShapeError>([&] { comm.allgather(bad, 0, site); });
+      EXPECT_TRUE(agreed(!rule.empty())) << "allgather's bad first call, rank " << rank();
+      bool ok = true;
+      for (int call = 0; call < 3; ++call) {
+        const at::Tensor good = at::full({2, 2}, static_cast<float>(rank() + call));
+        ok = ok && same_bits(comm.allgather(good, 0, site), comm.allgather(good, 0, {}));
+      }
+      EXPECT_TRUE(agreed(ok)) << "allgather after a failed first call" << (checked ? " (checked)" : "")
+                              << ", rank " << rank();
+    }
+    {
+      const auto site = mpi::StaticShapes::promise();
+      // (gather and scatter along axis 0: each rank sends and receives 2 rows.)
+      const at::Tensor t = at::full({2, 2}, static_cast<float>(rank()));
+      at::Tensor wrong = at::empty({3, 2});
+      const std::string rule = raised_rule<ShapeError>([&] { comm.alltoall_out(wrong, t, 0, 0, 2, site); });
+      EXPECT_TRUE(agreed(rule == rule_code::kOutTensor)) << "alltoall_out's bad first out, rank " << rank();
+      bool ok = true;
+      for (int call = 0; call < 3; ++call) {
+        at::Tensor out = at::empty({2, 2}), plain = at::empty({2, 2});
+        comm.alltoall_out(out, t + call, 0, 0, 2, site);
+        comm.alltoall_out(plain, t + call, 0, 0, 2, {});
+        ok = ok && same_bits(out, plain);
+      }
+      EXPECT_TRUE(agreed(ok)) << "alltoall_out after a failed first call" << (checked ? " (checked)" : "")
+                              << ", rank " << rank();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace partita::spec

@@ -21,7 +21,9 @@ namespace partita::mpi::detail {
 Header make_header(const at::Tensor& x) {
   Header h;
   h.dtype = static_cast<int64_t>(x.scalar_type());
-  h.requires_grad = x.requires_grad() ? 1 : 0;
+  // Under NoGradGuard or InferenceMode no graph is recorded, as for
+  // LibTorch's own ops: the call then attaches no adjoint (docs/output-reuse.md).
+  h.requires_grad = x.requires_grad() && at::GradMode::is_enabled() ? 1 : 0;
   if (!dtype_supported(x.scalar_type())) h.status = Header::kBadDtype;
   if (x.dim() > kMaxTensorDims) {
     h.status = Header::kTooManyDims;
@@ -407,7 +409,7 @@ std::shared_ptr<AdjointNode> make_node(const at::Tensor& like, const at::Tensor&
 
 at::Tensor with_adjoint(at::Tensor out, const at::Tensor& x, bool attach,
                         const std::string& name, Adjoint adjoint) {
-  if (!attach || !at::isFloatingType(out.scalar_type())) return out;
+  if (!attach || !at::isFloatingType(out.scalar_type()) || !at::GradMode::is_enabled()) return out;
   torch::autograd::set_history(out, make_node(out, x, name, std::move(adjoint)));
   return out;
 }

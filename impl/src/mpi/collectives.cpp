@@ -126,7 +126,9 @@ at::Tensor Communicator::allreduce(const at::Tensor& t, ReduceOp op, const Stati
   mine.p[0] = static_cast<int64_t>(op);
   check_op(mine, op);
   if (checked_mode()) {
-    check_same(exchange_records(s, mine, what, "allreduce", shapes), what, "operations");
+    const auto all = exchange_records(s, mine, what, "allreduce", shapes);
+    check_same(all, what, "operations");
+    keep_promise(s, "allreduce", shapes, all);
   } else if (mine.status) {
     raise_record(what, s.rank, mine);
   }
@@ -149,7 +151,9 @@ at::Tensor Communicator::bcast_(const at::Tensor& t, int root, const StaticShape
   mine.p[0] = root;
   check_root(mine, root, s.size);
   if (checked_mode()) {
-    check_same(exchange_records(s, mine, what, "bcast_", shapes), what, "roots");
+    const auto all = exchange_records(s, mine, what, "bcast_", shapes);
+    check_same(all, what, "roots");
+    keep_promise(s, "bcast_", shapes, all);
   } else if (mine.status) {
     raise_record(what, s.rank, mine);
   }
@@ -175,7 +179,9 @@ at::Tensor Communicator::reduce_(const at::Tensor& t, ReduceOp op, int root,
   check_root(mine, root, s.size);
   check_op(mine, op);
   if (checked_mode()) {
-    check_same(exchange_records(s, mine, what, "reduce_", shapes), what, "roots or operations");
+    const auto all = exchange_records(s, mine, what, "reduce_", shapes);
+    check_same(all, what, "roots or operations");
+    keep_promise(s, "reduce_", shapes, all);
   } else if (mine.status) {
     raise_record(what, s.rank, mine);
   }
@@ -207,6 +213,7 @@ at::Tensor Communicator::gather(const at::Tensor& t, int64_t axis, int root,
   check_root(mine, root, s.size);
   const auto all = exchange_records(s, mine, what, "gather", shapes);
   check_shapes_but(all, what, axis);
+  keep_promise(s, "gather", shapes, all);
   std::vector<int64_t> extents;
   for (const auto& r : all) extents.push_back(r.dims[axis]);
   at::Tensor out;
@@ -237,6 +244,7 @@ at::Tensor Communicator::allgather(const at::Tensor& t, int64_t axis,
   check_axis(mine, axis, 2);
   const auto all = exchange_records(s, mine, what, "allgather", shapes);
   check_shapes_but(all, what, axis);
+  keep_promise(s, "allgather", shapes, all);
   std::vector<int64_t> extents;
   for (const auto& r : all) extents.push_back(r.dims[axis]);
   at::Tensor out;
@@ -278,6 +286,7 @@ at::Tensor Communicator::scatter(const at::Tensor& t, int64_t axis, int64_t nume
                      " along axis " + std::to_string(axis) +
                      ", but the ranks' numelem add up to " + std::to_string(sum) + " (" +
                      list_string(numelems) + ")");
+  keep_promise(s, "scatter", shapes, all);
   const Shape root_shape = rr.shape();
   const auto options = t.options().dtype(static_cast<at::ScalarType>(rr.dtype));
   at::Tensor out;
@@ -371,6 +380,7 @@ std::shared_ptr<const AlltoallAgreed> agree_alltoall(const CommState& s, const a
   }
   a.counts = alltoall_checked_counts(s.rank, t.sizes(), gather_axis, scatter_axis, a.gextents,
                                      a.numelems, what);
+  keep_promise(s, "alltoall", shapes, all);
   keep_derived(shapes, agreed);
   return agreed;
 }

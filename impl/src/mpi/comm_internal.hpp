@@ -114,14 +114,21 @@ struct StaticSite {
   // checks (alltoall: the counts), reused by later calls (static_derived).
   std::shared_ptr<const void> derived;
 };
-// exchange_records under the site's promise: the first call exchanges (and
-// raises on every rank unless every rank passed a promise, or none did);
-// later calls compare this rank's record with its first one and return the
-// first call's records without communication (or, with
-// PARTITA_CHECK_STATIC_SHAPES=1, exchange and compare every rank's on
-// every rank). A site used for another call or communicator raises Error.
+// exchange_records under the site's promise: until a call has kept the
+// promise (keep_promise), a call exchanges (and raises on every rank unless
+// every rank passed a promise, or none did); later calls compare this
+// rank's record with the kept one and return the kept records without
+// communication (or, with PARTITA_CHECK_STATIC_SHAPES=1, exchange and
+// compare every rank's on every rank). A site used for another call or
+// communicator raises Error.
 std::vector<Record> exchange_records(const CommState& s, Record mine, const std::string& what,
                                      const char* call, const StaticShapes& shapes);
+// After a call's checks passed on every rank: its records become the
+// promise, unless one is kept already (no-op without a promise). A first
+// call that raised in its checks is thus no promise: the next call is a
+// first call again (docs/static-shapes.md).
+void keep_promise(const CommState& s, const char* call, const StaticShapes& shapes,
+                  const std::vector<Record>& all);
 // The fast path of a later call under a promise (no debug setting): this
 // rank's record is compared with its first one (raising as above; `what`
 // makes the call's name only then) and the site's `derived` is returned.

@@ -295,12 +295,18 @@ std::vector<Record> exchange_records(const CommState& s, Record mine, const std:
                   [](size_t i) { return "rank " + std::to_string(i); });
     return all;
   }
-  auto all = exchange_records(s, mine, what);
+  return exchange_records(s, mine, what);
+}
+
+void keep_promise(const CommState& s, const char* call, const StaticShapes& shapes,
+                  const std::vector<Record>& all) {
+  StaticSite* site = shapes.site();
+  if (!site) return;
   std::lock_guard<std::mutex> lock(site->mutex);
+  if (!site->first.empty()) return;
   site->first = all;
   site->comm = s.comm;
   site->call = call;
-  return all;
 }
 
 std::shared_ptr<const void> static_derived(const CommState& s, Record mine,
