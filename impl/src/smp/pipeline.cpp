@@ -706,7 +706,6 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     }
   }
 
-  // The parameters of chunk c that take gradients (W's inputs).
   // Chunk c holds a distributed layer of which this rank stores no block.
   bool lacks_distributed_blocks(int c) const {
     for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
@@ -715,6 +714,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     return false;
   }
 
+  // The parameters of chunk c that take gradients (W's inputs).
   std::vector<at::Tensor> trainable(int c) const {
     std::vector<at::Tensor> out;
     for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
@@ -833,7 +833,10 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
           torch::autograd::backward({out}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
           ++stats.weight_autograd_passes;
         }
-        if (m.work && !whole_graph) stats.weight_gradients_split += detail::weight_gradients(*m.work);
+        // (The split Linear layers' nodes lead to their inputs only: their
+        // weights take their gradients here in both cases, from the dy the
+        // passes recorded.)
+        if (m.work) stats.weight_gradients_split += detail::weight_gradients(*m.work);
         stats.busy_seconds += seconds_since(t0);
         release(c, mb);
         break;
