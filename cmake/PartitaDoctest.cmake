@@ -7,7 +7,9 @@
 # not stop the build of the library.
 set(PARTITA_DOC_DIR ${CMAKE_BINARY_DIR}/doctest)
 file(GLOB_RECURSE PARTITA_DOC_MARKDOWN CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/docs/*.md)
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+# The glob's CONFIGURE_DEPENDS notices a page added or removed; listing
+# every page here makes an edit of one configure again too.
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PARTITA_DOC_MARKDOWN}
              ${CMAKE_SOURCE_DIR}/README.md ${CMAKE_SOURCE_DIR}/tools/doctest/extract.py)
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 execute_process(COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/tools/doctest/extract.py
