@@ -171,5 +171,120 @@ TEST(Gpt, EveryParameterEqualsOneProcessUnderEverySchedule) {
       }
 }
 
+
+// ---- Bytes per step --------------------------------------------------------
+
+struct Volume {
+  int64_t pipeline = 0, tensor_parallel = 0, data_parallel = 0;
+};
+
+// docs/3d.md's formula for the GPT ("The transformer's bytes"), for this
+// rank (pp rank r, dp rank q, tp rank u) holding the layers whose pp rank
+// `stage_of` names, in the first step of an input shape or a later one.
+// Rows of a table or of the head split over t as partita splits: the first
+// V mod t ranks hold one more.
+Volume gpt_formula(const Case& c, const std::vector<int>& stage_of, const gpt::Sizes& s, bool first) {
+  const int64_t p = c.pp, t = c.tp, d = mpi::world_size() / (c.pp * c.tp), m = kMicrobatches;
+  const int64_t r = smp::pp_rank(), q = smp::dp_rank(), u = smp::tp_rank();
+  const int64_t v = c.schedule == "interleaved_virtual" && p > 1 ? 2 : 1;
+  const int64_t e = v > 1 && r < p - 1 && first ? 1 : 0;  // the stand-in's shape probe
+  const int64_t f = c10::elementSize(s.dtype), l = 8;      // float and id bytes
+  const int64_t H = s.hidden, V = s.vocab, T = s.context, b = kBatch / (m * d), Tt = T / t;
+  auto rows = [&](int64_t n) { return n / t + (u < n % t ? 1 : 0); };
+  const int64_t L = s.layers;
+  int64_t E = 0, K = 0, Hd = 0;
+  for (int64_t i = 0; i < L + 2; ++i) {
+    if (stage_of[i] != r) continue;
+    (i == 0 ? E : i == L + 1 ? Hd : K) += 1;
+  }
+  const bool last = r == p - 1;
+  const int64_t a = b * Tt * H * f;  // one activation piece
+  Volume out;
+  if (p > 1) out.pipeline = m * a * ((v - (r == p - 1)) + (v - (r == 0)));
+  // Forward: each embedding gathers its ids and reduce-scatters its rows'
+  // sums; a block gathers twice and reduce-scatters twice; the head gathers.
+  const int64_t forward = (t - 1) * (E * 2 * (b * Tt * l + a) + K * 4 * a + Hd * a);
+  // The cross-entropy: the targets gathered, the maximum and the sums of
+  // exponentials and target logits all-reduced over every token of the team.
+  const int64_t ce_forward = last ? (t - 1) * (l * b * Tt + 3 * f * b * T) : 0;
+  // Backward: each collective's adjoint moves what its forward moved (the
+  // ids none), the loss gradient of this rank's tokens is gathered, and
+  // each LayerNorm all-reduces its weight's and bias's gradients.
+  const int64_t activations = (t - 1) * (E * 2 * a + K * 4 * a + Hd * a) + (last ? (t - 1) * f * b * Tt : 0);
+  const int64_t norms = (t - 1) * 2 * H * f * (2 * K + Hd);
+  // ZB-H1: I runs every activation adjoint from the loss to the stage's
+  // input (none on stage 0, whose ids take no gradient), W all of them again
+  // (each lies on a path to a parameter) and the LayerNorms' sums.
+  const int64_t passes = c.schedule == "zero_bubble" && r > 0 ? 2 : 1;
+  out.tensor_parallel = m * (forward + ce_forward + passes * activations + norms) + e * forward;
+  if (d > 1) {
+    // seed 002's Linear layers: W and b broadcast from replica 0 in every
+    // microbatch's forward, their gradients sum-reduced back.
+    const int64_t linear = f * (K * (12 * H * H + 9 * H) / t + Hd * rows(V) * (H + 1));
+    out.data_parallel = q == 0 ? (m + e) * linear * (d - 1) : m * linear;
+    // The LayerNorms' and the tables' gradients averaged over the replicas
+    // once per step.
+    const int64_t plain = f * (2 * H * (2 * K + Hd) + E * (rows(V) + rows(T)) * H);
+    out.data_parallel += (d - 1) * plain;
+  }
+  return out;
+}
+
+// Two steps of the GPT under each layout and schedule; after each, this
+// rank's counts against the formula.
+std::string check_volumes(const Case& c) {
+  smp::Config config;
+  config.partitions(c.pp);
+  config.tensor_parallel_degree(c.tp);
+  config.microbatches(kMicrobatches);
+  config.pipeline(c.schedule);
+  const int v = c.schedule == "interleaved_virtual" && c.pp > 1 ? 2 : 1;
+  config.virtual_pipeline_model_parallel_size(c.schedule == "interleaved_virtual" ? 2 : 1);
+  smp::init(config);
+  const gpt::Sizes s = sizes();
+  const int dp = smp::dp_size(), stage = smp::pp_rank();
+  std::vector<smp::StagePartitions> parts;
+  for (int k = 0; k < c.pp; ++k) parts.push_back(smp::stage_partitions(k));
+  gpt::Model m = gpt::build(parts, s, v);
+  gpt::load(m, gpt::init_parameters(s, 7));
+  smp::DistributedModel model(m.layers, gpt::split_points(s, c.pp * v));
+  nn::VocabParallelCrossEntropy ce(parts[c.pp - 1].tokens, s.vocab);
+  const double tokens_per_microbatch = static_cast<double>(kBatch / dp / kMicrobatches * s.context);
+  auto train = smp::step([&](at::Tensor xb, at::Tensor yb) {
+    const at::Tensor out = model(xb);
+    at::Tensor loss = stage == c.pp - 1 ? ce(out, yb).sum() / tokens_per_microbatch : out.sum() * 0;
+    model.backward(loss);
+    return loss;
+  });
+  auto gen = at::detail::createCPUGenerator(11);
+  const at::Tensor ids = at::randint(0, s.vocab, {kBatch, s.context}, gen, at::TensorOptions(at::kLong));
+  const at::Tensor positions = at::arange(s.context, at::TensorOptions(at::kLong)).unsqueeze(0).expand({kBatch, s.context});
+  const mpi::Partition& cut = parts[stage].tokens;
+  const at::Tensor x = partita::distribute(at::stack({ids, positions}, 2).contiguous(), cut);
+  const at::Tensor y = partita::distribute(ids.unsqueeze(2).contiguous(), cut).squeeze(2).contiguous();
+  std::string problem;
+  for (int step = 0; step < 2; ++step) {
+    const Volume want = gpt_formula(c, m.stage_of, s, step == 0);
+    train(x, y);
+    const smp::PipelineStats& got = model.stats();
+    const std::string at = name_of(c) + ", step " + std::to_string(step) + ", world rank " +
+                           std::to_string(mpi::world_rank()) + ": ";
+    auto expect = [&](const char* kind, int64_t g, int64_t w) {
+      if (g != w) problem += at + kind + " bytes " + std::to_string(g) + ", the formula " + std::to_string(w) + "; ";
+    };
+    expect("pipeline", got.pipeline_bytes, want.pipeline);
+    expect("tensor-parallel", got.tensor_parallel_bytes, want.tensor_parallel);
+    expect("data-parallel", got.data_parallel_bytes, want.data_parallel);
+  }
+  return problem;
+}
+
+TEST(Gpt, BytesPerStepEqualTheFormula) {
+  const auto ls = layouts();
+  if (ls.empty()) GTEST_SKIP() << "no layout for " << mpi::world_size() << " ranks";
+  for (const auto& [pp, tp] : ls)
+    for (const auto& schedule : kSchedules) PARTITA_EXPECT_AGREED(check_volumes({pp, tp, schedule, Optimizer::kSgdMomentum}));
+}
+
 }  // namespace
 }  // namespace partita::spec

@@ -8,6 +8,7 @@
 #include "detail/layer_checks.hpp"
 #include "detail/plan_cache.hpp"
 #include "detail/team_comm.hpp"
+#include "partita/nn/traffic.hpp"
 
 namespace partita::nn {
 
@@ -45,7 +46,10 @@ struct GradSum {
   at::Tensor summed(const at::Tensor& p) const {
     if (team.size() <= 1 || !p.requires_grad() || !at::GradMode::is_enabled()) return p;
     return with_adjoint(p.detach().clone(), p, true, adjoint_name,
-                        [t = team, what = adjoint_name](const at::Tensor& g) { return allreduce_team(t, g, what); });
+                        [t = team, what = adjoint_name](const at::Tensor& g) {
+                          count_model_parallel((t.size() - 1) * g.numel() * static_cast<int64_t>(g.element_size()));
+                          return allreduce_team(t, g, what);
+                        });
   }
 };
 

@@ -119,7 +119,7 @@ at::Tensor nothing(at::ScalarType t) { return at::zeros({0}, at::TensorOptions()
 // all-gather over a team of t, a piece of n bytes: (t - 1) n; reduce-scatter
 // of N bytes keeping n: N - n; broadcast of n bytes to t copies: (t - 1) n
 // from the stored copy, 0 elsewhere; its adjoint sum-reduce: n from every
-// other copy, 0 on the stored one.
+// other copy, 0 on the stored one; all-reduce of n bytes over t: (t - 1) n.
 
 enum Traffic { kModelParallel = 0, kDataParallel = 1 };
 std::atomic<int64_t> g_traffic[2];
@@ -278,6 +278,8 @@ struct ColumnBlockLinear : torch::autograd::Function<ColumnBlockLinear> {
 }  // namespace
 
 LayerTraffic layer_traffic() { return {g_traffic[kModelParallel].load(), g_traffic[kDataParallel].load()}; }
+
+void detail::count_model_parallel(int64_t bytes) { count(kModelParallel, bytes); }
 
 // --- DistributedLinearBase ---------------------------------------------------
 

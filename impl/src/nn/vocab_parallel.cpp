@@ -9,12 +9,15 @@
 #include "detail/layer_checks.hpp"
 #include "detail/plan_cache.hpp"
 #include "detail/team_comm.hpp"
+#include "partita/nn/traffic.hpp"
 
 namespace partita::nn {
 
 namespace detail {
 
 using namespace partita::mpi::detail;
+
+int64_t bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 // The team of workers of P that differ along axis 1 (a replica's tp
 // ranks), this worker's place in it, its balanced share of the vocabulary,
@@ -84,6 +87,7 @@ struct VocabTeam {
   // checks for values outside [0, vocab).
   at::Tensor gather_tokens(const at::Tensor& x, const Compiled& c, const char* what) const {
     at::Tensor all = allgather_dim(team, x.contiguous(), 1, c.lengths, name + " (" + what + ")");
+    count_model_parallel((team.size() - 1) * bytes(x));
     if (all.numel()) {
       const int64_t lo = all.min().item<int64_t>(), hi = all.max().item<int64_t>();
       if (lo < 0 || hi >= vocab)
@@ -124,8 +128,10 @@ torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& ids) {
     at::NoGradGuard no_grad;
     y = reduce_scatter_dim(t.team, partial.detach(), 1, plan->lengths, t.name);
   }
+  detail::count_model_parallel(detail::bytes(partial) - detail::bytes(y));
   return with_adjoint(y, partial, attach, t.name + " adjoint",
                       [team = t.team, lengths = plan->lengths, what = t.name + " adjoint"](const at::Tensor& g) {
+                        detail::count_model_parallel((team.size() - 1) * detail::bytes(g));
                         return allgather_dim(team, g.contiguous(), 1, lengths, what);
                       });
 }
@@ -178,6 +184,7 @@ torch::Tensor VocabParallelCrossEntropyImpl::forward(const torch::Tensor& logits
     at::NoGradGuard no_grad;
     // The maximum over the whole vocabulary, for stability.
     m = allreduce(group_of(t.team), x.amax(-1).contiguous(), MPI_MAX, t.name + " (maximum)");
+    detail::count_model_parallel((t.team.size() - 1) * detail::bytes(m));
     at::Tensor local_sum = (x - m.unsqueeze(-1)).exp().sum(-1);
     const at::Tensor in_mine = (all >= start_) & (all < start_ + rows_);
     const at::Tensor idx = at::where(in_mine, all - start_, at::zeros_like(all));
@@ -186,6 +193,7 @@ torch::Tensor VocabParallelCrossEntropyImpl::forward(const torch::Tensor& logits
     // The sum of exponentials and the target's logit in one call.
     const at::Tensor both =
         allreduce_team(t.team, at::stack({local_sum, local_z}).contiguous(), t.name + " (sum of exponentials)");
+    detail::count_model_parallel((t.team.size() - 1) * detail::bytes(both));
     S = both[0];
     z = both[1];
   }
@@ -197,6 +205,7 @@ torch::Tensor VocabParallelCrossEntropyImpl::forward(const torch::Tensor& logits
                       [team = t.team, lengths = plan->lengths, what = t.name + " adjoint", x, m, S, all, start,
                        rows](const at::Tensor& g) {
                         // Every token's loss gradient, from the worker that holds it.
+                        detail::count_model_parallel((team.size() - 1) * detail::bytes(g));
                         const at::Tensor gall = allgather_dim(team, g.contiguous(), 1, lengths, what);
                         at::Tensor grad = (x - m.unsqueeze(-1)).exp() / S.unsqueeze(-1);
                         const at::Tensor in_mine = (all >= start) & (all < start + rows);
