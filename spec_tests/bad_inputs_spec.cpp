@@ -557,6 +557,30 @@ TEST(BadInput, CommAlltoallOutOverlapsInput) {
       comm_still_works);
 }
 
+TEST(BadInput, CommAlltoallOutPartlyOverlapsInput) {
+  row<ShapeError>(
+      "overlaps its input",
+      [] {
+        // On rank 1, out is the input's storage shifted by one element:
+        // they share all but one element each.
+        at::Tensor buf = at::full({2 * n() + 1}, me() + 1.0, at::kDouble);
+        at::Tensor x = buf.narrow(0, 0, 2 * n()).view({2, n()});
+        at::Tensor out = me() == 1 ? buf.narrow(0, 1, 2 * n()).view({2 * n(), 1}) : at::zeros({2 * n(), 1}, at::kDouble);
+        comm().alltoall_out(out, x, 0, 1, 1);
+      },
+      [] {
+        // A view of the same storage that does not overlap the input is
+        // accepted, and receives what it should.
+        at::Tensor buf = at::full({4 * n()}, me() + 1.0, at::kDouble);
+        at::Tensor x = buf.narrow(0, 0, 2 * n()).view({2, n()});
+        at::Tensor out = buf.narrow(0, 2 * n(), 2 * n()).view({2 * n(), 1});
+        comm().alltoall_out(out, x, 0, 1, 1);
+        std::vector<at::Tensor> want;
+        for (int i = 0; i < n(); ++i) want.push_back(at::full({2, 1}, i + 1.0, at::kDouble));
+        return differs(out, at::cat(want, 0));
+      });
+}
+
 TEST(BadInput, CommPeerOutOfRange) {
   row<ShapeError>(
       "dest " + std::to_string(n()) + " is out of range", [] { comm().isend(at::ones({2}, at::kDouble), n(), 0); },

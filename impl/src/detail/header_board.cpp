@@ -108,7 +108,12 @@ Board* make_board(MPI_Comm comm, const char* what) {
   if (b->rank == 0 && allowed) {
     fresh_name(name, sizeof name);
     fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(b->length)) != 0) {  // zero-filled: seq 0
+    // Zero-filled (seq 0), and its pages reserved now: in a full or small
+    // /dev/shm ftruncate alone succeeds and the first write into the
+    // mapping dies of SIGBUS, where posix_fallocate fails (ENOSPC) and the
+    // communicator takes the MPI path instead.
+    if (fd >= 0 && (ftruncate(fd, static_cast<off_t>(b->length)) != 0 ||
+                    posix_fallocate(fd, 0, static_cast<off_t>(b->length)) != 0)) {
       close(fd);
       shm_unlink(name);
       fd = -1;
