@@ -718,6 +718,21 @@ TEST(CountLimit, AlltoallChecksEveryMembersCounts) {
   }
 }
 
+TEST(CountLimit, AlltoallChecksEveryMembersReceiptsWhereEveryInputFits) {
+  // Three members of shape [g_m, 2] exchange along dimension 1 (gathering
+  // along 0), numelem {0, 2, 0}, g {1e9, 1e9, 1}: every input (at most 2e9
+  // elements) and every block sent fits an int, but member 1 receives
+  // 2e9 + 2e9 + 2 elements, whose last block starts at 4e9. The check the
+  // communicator runs before posting (alltoall_checked_counts) must raise on
+  // every member, not only on member 1 while the others post and wait.
+  using mpi::detail::alltoall_checked_counts;
+  const int64_t big = 1000000000;
+  const std::vector<int64_t> g{big, big, 1}, numelem{0, 2, 0};
+  for (int m = 0; m < 3; ++m)
+    expect_count_error([&] { alltoall_checked_counts(m, {g[m], 2}, 0, 1, g, numelem, "t"); },
+                       "a count of 4000000000 elements");
+}
+
 TEST(CountLimit, LayersCheckEveryWorkersVolume) {
   // Headers as the layers gather them: every worker's tensor of 4 elements,
   // then worker 1's of INT_MAX + 2.
