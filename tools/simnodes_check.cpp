@@ -12,7 +12,8 @@
 //   the nodes' first ranks arrive intact;
 // - with --netns, that exchange went through a network interface other than
 //   the loopback (its byte counters in /sys/class/net grew by 4 MiB).
-// Plain MPI, no partita: it checks the launcher, not the library.
+// Plain MPI, no partita: it checks the launcher, not the library. It ends
+// without MPI_Finalize (see the end of main).
 #include <mpi.h>
 #include <unistd.h>
 
@@ -167,6 +168,12 @@ int main(int argc, char** argv) {
                 netns ? ", traffic between nodes off the loopback" : "",
                 failures == 0 ? "ok" : "FAILED");
   MPI_Comm_free(&node);
-  MPI_Finalize();
-  return failures == 0 ? 0 : 1;
+  // No MPI_Finalize: with this machine's MPICH 4.0.2 and UCX 1.13, a job
+  // whose ranks talk over TCP (ranks on two nodes) hangs in MPI_Finalize in
+  // some runs, one rank waiting in UCX for a peer that already waits in the
+  // launcher's final barrier (docs/testing.md, "Across simulated nodes").
+  // The verdict is agreed; the launcher takes the exit status as it is.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(failures == 0 ? 0 : 1);
 }
