@@ -2,7 +2,7 @@
 # Runs an MPI command over simulated nodes on this machine (docs/testing.md,
 # "Across simulated nodes").
 #
-#   tools/simnodes.sh [--nodes N] [--ranks-per-node K] [--netns]
+#   tools/simnodes.sh [--nodes N] [--ranks-per-node K] [--netns] [--no-finalize]
 #                     [--timeout SECONDS] [--mpiexec PATH] -- COMMAND [ARG...]
 #
 # starts COMMAND as one MPI job of N x K ranks with MPICH's launcher, told
@@ -14,6 +14,12 @@
 # launcher by a veth pair on a bridge (10.200.0.0/24), so that traffic
 # between nodes goes through a network interface, not the loopback. The
 # hostnames resolve through a private /etc/hosts.
+#
+# --no-finalize preloads into every rank an MPI_Finalize that returns at once
+# (tools/simnodes_no_finalize.c, compiled with ${CC:-cc} at start): with
+# MPICH 4.0.2 and UCX 1.13, a job whose ranks talk over TCP hangs in
+# MPI_Finalize in some runs, one rank waiting for a peer that already waits
+# in the launcher's final barrier. The exit status is still the program's.
 #
 # Everything runs inside namespaces this script makes (mount, UTS, IPC, PID,
 # and with --netns network): the mounts, interfaces and network namespaces
@@ -38,6 +44,7 @@ self_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 nodes=2
 per_node=2
 netns=0
+no_finalize=0
 timeout_s=600
 mpiexec="${PARTITA_MPIEXEC:-}"
 inside=0
@@ -52,6 +59,7 @@ while [ $# -gt 0 ]; do
     -N|--nodes) nodes="$2"; shift 2 ;;
     -k|--ranks-per-node) per_node="$2"; shift 2 ;;
     --netns) netns=1; shift ;;
+    --no-finalize) no_finalize=1; shift ;;
     --timeout) timeout_s="$2"; shift 2 ;;
     --mpiexec) mpiexec="$2"; shift 2 ;;
     --inside) inside=1; shift ;;  # internal: the second stage
@@ -90,6 +98,7 @@ if [ "$inside" = 0 ]; then
   done
   args=(--nodes "$nodes" --ranks-per-node "$per_node" --timeout "$timeout_s" --mpiexec "$mpiexec")
   [ "$netns" = 1 ] && args+=(--netns)
+  [ "$no_finalize" = 1 ] && args+=(--no-finalize)
   # unshare blocks SIGTERM and SIGINT while it waits: this script forwards
   # them to the second stage, whose trap cleans up. Should this script be
   # killed outright, unshare gets SIGKILL (setpriv --pdeathsig) and the
@@ -197,6 +206,10 @@ if [ -z "${PARTITA_WAIT:-}" ] && [ "$total" -gt "$(nproc)" ]; then
   export PARTITA_WAIT=yield
 fi
 export SIMNODES_STATE="$state"
+if [ "$no_finalize" = 1 ]; then
+  "${CC:-cc}" -shared -fPIC -O1 -o "$state/no_finalize.so" "$self_dir/simnodes_no_finalize.c"
+  set -- env "LD_PRELOAD=$state/no_finalize.so${LD_PRELOAD:+:$LD_PRELOAD}" "$@"
+fi
 
 SECONDS=0
 timeout -k 10 "$timeout_s" "$mpiexec" -launcher ssh -launcher-exec "$self_dir/simnodes-exec.sh" \
