@@ -133,7 +133,9 @@ made_netns=()
 made_mounts=()
 
 cleanup() {
-  trap - EXIT INT TERM
+  # A second signal must not cut the cleanup short.
+  trap - EXIT
+  trap '' INT TERM HUP
   if [ -n "$job" ] && kill -0 "$job" 2>/dev/null; then
     kill -TERM "$job" 2>/dev/null || true
     for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$job" 2>/dev/null || break; sleep 0.2; done
@@ -154,6 +156,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
+trap 'exit 129' HUP
 
 # A private tmpfs for the job's files, and a private /etc/hosts.
 state="$(mktemp -d "${TMPDIR:-/tmp}/simnodes.XXXXXX")"
