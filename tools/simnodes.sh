@@ -19,14 +19,16 @@
 # (tools/simnodes_no_finalize.c, compiled with ${CC:-cc} at start): with
 # MPICH 4.0.2 and UCX 1.13, a job whose ranks talk over TCP hangs in
 # MPI_Finalize in some runs, one rank waiting for a peer that already waits
-# in the launcher's final barrier. The exit status is still the program's.
+# in Hydra's final barrier. The exit status is still the program's.
 #
 # Everything runs inside namespaces this script makes (mount, UTS, IPC, PID,
 # and with --netns network): the mounts, interfaces and network namespaces
 # of the nodes exist only there. On exit, failure, the timeout or a signal
 # the script removes them; and should it itself be killed outright, the
 # kernel ends every process of the job with the PID namespace and frees the
-# rest with the namespaces. Nothing is changed outside.
+# rest with the namespaces. Nothing is changed outside, but for an empty
+# directory under $TMPDIR (the mount point of the job's private tmpfs)
+# while the job runs.
 #
 # Exit status: COMMAND's (as mpiexec reports it); 124 when the timeout
 # (default 600 s) ended the job; 77 when namespaces cannot be made here (not
