@@ -225,7 +225,10 @@ wait "$job"
 status=$?
 set -e
 job=""
-if [ "$status" = 124 ] && [ "$SECONDS" -ge "$timeout_s" ]; then
+# 124: the timeout's SIGTERM ended mpiexec; 137: mpiexec had not ended
+# 10 s later (its proxies unreachable) and SIGKILL did.
+if { [ "$status" = 124 ] || [ "$status" = 137 ]; } && [ "$SECONDS" -ge "$timeout_s" ]; then
   echo "simnodes: the job did not end within ${timeout_s} s (--timeout); ended" >&2
+  status=124
 fi
 exit "$status"
