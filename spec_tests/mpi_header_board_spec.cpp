@@ -1,10 +1,19 @@
 // The header board (docs/mpi-runtime.md, "The header board"): the layers'
 // per-call header exchange through shared memory when every rank of the
-// partition runs on one node. These tests run on one node (mpirun on this
-// machine), at 2, 3 and 4 ranks, and check that
+// partition runs on one node, through MPI_Allgather when they span nodes.
+// These tests run on one node (mpirun on this machine, at 2, 3 and 4 ranks)
+// and across simulated nodes (tools/simnodes.sh: 2 nodes of 2 ranks, 4 of
+// 1), and check that
 // - every rank gets what MPI_Allgather of the same headers gives, call
 //   after call, on partitions whose rank order is not the world's, and on
-//   two communicators exchanged on in turn;
+//   communicators exchanged on in turn: the world, the world reversed, all
+//   but the last rank (across 2 nodes of 2: two ranks of one node and one of
+//   the other) and the ranks of this rank's node;
+// - each call took the path its communicator's nodes say, counted (an
+//   MPI_Allgather or MPI_Iallgather of the headers, counted through MPI's
+//   profiling interface, or none and a board): node-local communicators of
+//   two ranks or more the board, communicators that span nodes MPI, every
+//   rank of them alike;
 // - one rank that refuses boards makes every rank use MPI, with the same
 //   results;
 // - a rank whose waits were abandoned (missed deadlines) catches up: the
@@ -12,13 +21,18 @@
 //   have, and the exchanges after it are right;
 // - a board leaves no name in /dev/shm, and boards of freed partitions are
 //   released (made and freed thirty times).
+// The last three run on the ranks of each node (the whole world on one
+// node), and skip where nodes have one rank each.
 #include <gtest/gtest.h>
 
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -31,6 +45,22 @@
 #include "partita/mpi/runtime.hpp"
 #include "partita/testing/checks.hpp"
 #include "partita/testing/lockstep.hpp"
+
+// The header exchange's MPI path, counted: the test's own MPI_Allgather
+// calls go to PMPI_ directly.
+std::atomic<long> g_header_allgathers{0};
+extern "C" {
+int MPI_Allgather(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt,
+                  MPI_Comm c) {
+  ++g_header_allgathers;
+  return PMPI_Allgather(s, sn, st, r, rn, rt, c);
+}
+int MPI_Iallgather(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt,
+                   MPI_Comm c, MPI_Request* q) {
+  ++g_header_allgathers;
+  return PMPI_Iallgather(s, sn, st, r, rn, rt, c, q);
+}
+}
 
 namespace partita::spec {
 namespace {
@@ -73,7 +103,7 @@ std::vector<Header> by_mpi(const mpi::Partition& P, const Header& mine) {
   std::vector<Header> all(static_cast<size_t>(P.size()));
   constexpr int n = sizeof(Header) / sizeof(int64_t);
   MPI_Request req;
-  EXPECT_EQ(MPI_Iallgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, P.comm(), &req), MPI_SUCCESS);
+  EXPECT_EQ(PMPI_Iallgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, P.comm(), &req), MPI_SUCCESS);
   mpi::wait(req, "the headers' MPI_Iallgather");
   return all;
 }
@@ -83,6 +113,61 @@ mpi::Partition reversed() {
   Ranks r;
   for (int i = size() - 1; i >= 0; --i) r.push_back(i);
   return mpi::Partition::world().create_partition_inclusive(r);
+}
+
+// Every world rank's node, named by its lowest world rank
+// (MPI_COMM_TYPE_SHARED), the same on every rank.
+const std::vector<int>& node_of() {
+  static std::vector<int> nodes;
+  if (!nodes.empty()) return nodes;
+  MPI_Comm node = MPI_COMM_NULL;
+  // raw-mpi-ok: no posted form; every rank reaches this at its first test
+  EXPECT_EQ(MPI_Comm_split_type(mpi::world_comm(), MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node),
+            MPI_SUCCESS);
+  int first = rank();
+  MPI_Request req;
+  EXPECT_EQ(MPI_Iallreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, node, &req), MPI_SUCCESS);
+  mpi::wait(req, "the node's lowest rank");
+  MPI_Comm_free(&node);
+  nodes.resize(static_cast<size_t>(size()));
+  EXPECT_EQ(PMPI_Iallgather(&first, 1, MPI_INT, nodes.data(), 1, MPI_INT, mpi::world_comm(), &req),
+            MPI_SUCCESS);
+  mpi::wait(req, "every rank's node");
+  return nodes;
+}
+
+bool spans_nodes(const mpi::Partition& P) {
+  for (int w : P.workers())
+    if (node_of()[static_cast<size_t>(w)] != node_of()[static_cast<size_t>(P.workers()[0])]) return true;
+  return false;
+}
+
+// The ranks of this rank's node, in reverse order (on one node, the world
+// reversed). Collective over the world: one partition per node is made.
+mpi::Partition node_partition() {
+  std::optional<mpi::Partition> mine;
+  const std::vector<int>& nodes = node_of();
+  for (int n = 0; n < size(); ++n) {
+    if (nodes[static_cast<size_t>(n)] != n) continue;  // n is not a node's lowest rank
+    Ranks members;
+    for (int r = size() - 1; r >= 0; --r)
+      if (nodes[static_cast<size_t>(r)] == n) members.push_back(r);
+    mpi::Partition q = mpi::Partition::world().create_partition_inclusive(members);
+    if (q.active()) mine = q;
+  }
+  return *mine;
+}
+
+// The fewest ranks any node has.
+int smallest_node() {
+  int fewest = size();
+  for (int n = 0; n < size(); ++n) {
+    if (node_of()[static_cast<size_t>(n)] != n) continue;
+    int k = 0;
+    for (int w : node_of()) k += w == n ? 1 : 0;
+    fewest = std::min(fewest, k);
+  }
+  return fewest;
 }
 
 // Names of this machine's board segments in /dev/shm (none should last).
@@ -105,28 +190,57 @@ TEST(HeaderBoard, GathersWhatMpiGathersCallAfterCall) {
   Ranks some;
   for (int i = size() - 2; i >= 0; --i) some.push_back(i);
   const mpi::Partition part = mpi::Partition::world().create_partition_inclusive(some);
+  const mpi::Partition local = node_partition();
+  const std::vector<const mpi::Partition*> partitions = {&world, &back, &part, &local};
+  // Per partition, the calls that went by MPI and those that went by a board.
+  std::vector<int> by_mpi_calls(partitions.size(), 0), by_board_calls(partitions.size(), 0);
   std::vector<Header> got;
   bool ok = true;
-  for (int call = 1; call <= 300; ++call) {
-    // Two or three communicators in turn, each with its own board.
-    for (const mpi::Partition* P : {&world, &back, &part}) {
-      if (!P->active()) continue;
+  constexpr int kCalls = 300;
+  for (int call = 1; call <= kCalls; ++call) {
+    // The communicators in turn, each with its own board or none.
+    for (size_t p = 0; p < partitions.size(); ++p) {
+      const mpi::Partition& P = *partitions[p];
+      if (!P.active()) continue;
       const Header mine = drawn(call, rank());
-      exchange_headers(*P, mine, "HeaderBoard test", got);
-      if (!as_drawn(*P, call, got)) ok = false;
-      const auto expected = by_mpi(*P, mine);
+      const long before = g_header_allgathers.load();
+      exchange_headers(P, mine, "HeaderBoard test", got);
+      const long mpi_calls = g_header_allgathers.load() - before;
+      if (mpi_calls == 1 && !has_header_board(P.comm())) ++by_mpi_calls[p];
+      if (mpi_calls == 0 && has_header_board(P.comm())) ++by_board_calls[p];
+      if (!as_drawn(P, call, got)) ok = false;
+      const auto expected = by_mpi(P, mine);
       if (std::memcmp(expected.data(), got.data(), expected.size() * sizeof(Header)) != 0) ok = false;
     }
   }
   EXPECT_TRUE(agreed(ok)) << "some exchange differed from MPI_Allgather's";
-  EXPECT_TRUE(agreed(has_header_board(world.comm()) && has_header_board(back.comm())))
-      << "every rank is on one node: the exchanges should have gone through a board";
-  if (part.active() && part.size() >= 2) EXPECT_TRUE(has_header_board(part.comm()));
+  // Every call of every rank on the path of its communicator's nodes: the
+  // board where all its ranks share a node (one rank alone takes neither),
+  // MPI where they span nodes.
+  const char* names[] = {"the world", "the world reversed", "all but the last rank", "this node's ranks"};
+  for (size_t p = 0; p < partitions.size(); ++p) {
+    const mpi::Partition& P = *partitions[p];
+    bool right = true;
+    if (P.active() && P.size() >= 2) {
+      const bool spans = spans_nodes(P);
+      right = by_mpi_calls[p] == (spans ? kCalls : 0) && by_board_calls[p] == (spans ? 0 : kCalls);
+      EXPECT_TRUE(right) << names[p] << (spans ? " spans nodes: every call by MPI" : " is on one node: every call by its board")
+                         << "; here " << by_mpi_calls[p] << " by MPI, " << by_board_calls[p]
+                         << " by a board, of " << kCalls;
+    }
+    EXPECT_TRUE(agreed(right)) << names[p] << ": some rank's calls took another path";
+  }
 }
 
 TEST(HeaderBoard, OneRankRefusingMakesEveryRankUseMpi) {
-  mpi::detail::set_header_board_allowed(rank() != size() - 1);
-  const mpi::Partition P = reversed();
+  if (smallest_node() < 2) GTEST_SKIP() << "a node of one rank has no board to refuse";
+  // The highest rank of each node refuses.
+  const std::vector<int>& nodes = node_of();
+  bool last_of_node = true;
+  for (int r = rank() + 1; r < size(); ++r)
+    if (nodes[static_cast<size_t>(r)] == nodes[static_cast<size_t>(rank())]) last_of_node = false;
+  mpi::detail::set_header_board_allowed(!last_of_node);
+  const mpi::Partition P = node_partition();
   std::vector<Header> got;
   bool ok = true;
   for (int call = 1; call <= 50; ++call) {
@@ -136,14 +250,19 @@ TEST(HeaderBoard, OneRankRefusingMakesEveryRankUseMpi) {
   mpi::detail::set_header_board_allowed(true);
   EXPECT_TRUE(agreed(ok));
   EXPECT_TRUE(agreed(!has_header_board(P.comm()))) << "a rank has a board the last rank refused";
-  // And a partition made after it is allowed again has one.
-  const mpi::Partition Q = reversed();
+  // And a partition made after it is allowed again has one, where its ranks
+  // share a node.
+  const mpi::Partition Q = node_partition();
   exchange_headers(Q, drawn(1, rank()), "HeaderBoard test", got);
-  EXPECT_TRUE(agreed(as_drawn(Q, 1, got) && has_header_board(Q.comm())));
+  EXPECT_TRUE(agreed(as_drawn(Q, 1, got) && (Q.size() < 2 || has_header_board(Q.comm()))));
 }
 
 TEST(HeaderBoard, AnAbandonedWaitCatchesUp) {
-  const mpi::Partition P = reversed();
+  if (smallest_node() < 2) GTEST_SKIP() << "nodes of one rank have no board";
+  const mpi::Partition P = node_partition();
+  // The node's lowest rank plays the one that gives up (world rank 0 on one
+  // node).
+  const bool gives_up = node_of()[static_cast<size_t>(rank())] == rank();
   std::vector<Header> got;
   exchange_headers(P, drawn(1, rank()), "HeaderBoard test", got);  // makes the board
   ASSERT_TRUE(agreed(has_header_board(P.comm())));
@@ -153,7 +272,7 @@ TEST(HeaderBoard, AnAbandonedWaitCatchesUp) {
   // gives up, having posted nothing. The others come 1.5 s late and must
   // still read rank 0's header of call 2, then its retried call 3.
   bool ok = true;
-  if (rank() == 0) {
+  if (gives_up) {
     // Counted as missed deadlines (the world is renewed after this test):
     // expected here.
     const testing::ExpectedDeadlineMisses expected;
@@ -176,7 +295,7 @@ TEST(HeaderBoard, AnAbandonedWaitCatchesUp) {
       ok = ok && as_drawn(P, call, got);
     }
   }
-  EXPECT_TRUE(agreed(ok)) << "an exchange around rank 0's missed deadlines went wrong";
+  EXPECT_TRUE(agreed(ok)) << "an exchange around the missed deadlines of each node's lowest rank went wrong";
   for (int call = 4; call <= 20; ++call) {
     exchange_headers(P, drawn(call, rank()), "HeaderBoard test", got);
     ok = ok && as_drawn(P, call, got);
@@ -185,15 +304,16 @@ TEST(HeaderBoard, AnAbandonedWaitCatchesUp) {
 }
 
 TEST(HeaderBoard, BoardsOfFreedPartitionsAreReleased) {
+  if (smallest_node() < 2) GTEST_SKIP() << "nodes of one rank have no board";
   std::vector<Header> got;
   bool ok = true;
   for (int i = 0; i < 30; ++i) {
-    const mpi::Partition P = reversed();
+    const mpi::Partition P = node_partition();
     exchange_headers(P, drawn(i, rank()), "HeaderBoard test", got);
     ok = ok && as_drawn(P, i, got) && has_header_board(P.comm());
   }
   EXPECT_TRUE(agreed(ok));
-  // Rank 0 unlinks each segment once everyone has mapped it.
+  // Each board's rank 0 unlinks its segment once everyone has mapped it.
   testing::sync_ranks();
   EXPECT_EQ(board_names(), 0) << "a board's segment is still named in /dev/shm";
   // Each process maps its boards' segments: none of the thirty is left.

@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# Runs an MPI command over simulated nodes on this machine (docs/testing.md,
+# "Across simulated nodes").
+#
+#   tools/simnodes.sh [--nodes N] [--ranks-per-node K] [--netns] [--no-finalize]
+#                     [--timeout SECONDS] [--mpiexec PATH] -- COMMAND [ARG...]
+#
+# starts COMMAND as one MPI job of N x K ranks with MPICH's launcher, told
+# that the job has N hosts node0 ... node{N-1} of K ranks each and that it
+# reaches them by ssh; the "ssh" is tools/simnodes-exec.sh, which starts each
+# host's proxy (and so its K ranks) in namespaces of its own: its own
+# hostname, its own /dev/shm (a private tmpfs), its own System V IPC, and,
+# with --netns, its own network namespace, joined to the others and to the
+# launcher by a veth pair on a bridge (10.200.0.0/24), so that traffic
+# between nodes goes through a network interface, not the loopback. The
+# hostnames resolve through a private /etc/hosts.
+#
+# --no-finalize preloads into every rank an MPI_Finalize that returns at once
+# (tools/simnodes_no_finalize.c, compiled with ${CC:-cc} at start): with
+# MPICH 4.0.2 and UCX 1.13, a job whose ranks talk over TCP hangs in
+# MPI_Finalize in some runs, one rank waiting for a peer that already waits
+# in Hydra's final barrier. The exit status is still the program's.
+#
+# Everything runs inside namespaces this script makes (mount, UTS, IPC, PID,
+# and with --netns network): the mounts, interfaces and network namespaces
+# of the nodes exist only there. On exit, failure, the timeout or a signal
+# the script removes them; and should it itself be killed outright, the
+# kernel ends every process of the job with the PID namespace and frees the
+# rest with the namespaces. Nothing is changed outside, but for an empty
+# directory under $TMPDIR (the mount point of the job's private tmpfs)
+# while the job runs.
+#
+# Exit status: COMMAND's (as mpiexec reports it); 124 when the timeout
+# (default 600 s) ended the job; 77 when namespaces cannot be made here (not
+# root): callers treat that as skipped (ctest's SKIP_RETURN_CODE); 2 for a
+# bad command line.
+#
+# Environment: every variable reaches the ranks, as with mpiexec. The
+# simulated nodes share this machine's cores, which partita's automatic
+# waiting policy (docs/mpi-runtime.md) cannot see, as it counts the ranks
+# of a node only: where N x K ranks outnumber the cores and PARTITA_WAIT is
+# unset, it is set to `yield`.
+set -euo pipefail
+
+self_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+nodes=2
+per_node=2
+netns=0
+no_finalize=0
+timeout_s=600
+mpiexec="${PARTITA_MPIEXEC:-}"
+inside=0
+
+usage() {
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+  exit 2
+}
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -N|--nodes) nodes="$2"; shift 2 ;;
+    -k|--ranks-per-node) per_node="$2"; shift 2 ;;
+    --netns) netns=1; shift ;;
+    --no-finalize) no_finalize=1; shift ;;
+    --timeout) timeout_s="$2"; shift 2 ;;
+    --mpiexec) mpiexec="$2"; shift 2 ;;
+    --inside) inside=1; shift ;;  # internal: the second stage
+    -h|--help) usage ;;
+    --) shift; break ;;
+    -*) echo "simnodes: unknown option $1" >&2; usage ;;
+    *) break ;;
+  esac
+done
+[ $# -gt 0 ] || { echo "simnodes: no command given" >&2; usage; }
+case "$nodes$per_node" in *[!0-9]*) echo "simnodes: --nodes and --ranks-per-node take positive integers" >&2; exit 2 ;; esac
+if [ "$nodes" -lt 1 ] || [ "$nodes" -gt 200 ] || [ "$per_node" -lt 1 ]; then
+  echo "simnodes: --nodes must be 1-200 and --ranks-per-node at least 1" >&2; exit 2
+fi
+if [ -z "$mpiexec" ]; then
+  mpiexec="$(command -v mpiexec.mpich || command -v mpiexec || true)"
+fi
+[ -n "$mpiexec" ] || { echo "simnodes: no mpiexec.mpich found (--mpiexec PATH)" >&2; exit 2; }
+
+node_name() { echo "node$1"; }
+node_ip() { if [ "$netns" = 1 ]; then echo "10.200.0.$(($1 + 2))"; else echo "127.0.1.$(($1 + 1))"; fi; }
+head_ip() { if [ "$netns" = 1 ]; then echo 10.200.0.1; else echo 127.0.0.1; fi; }
+
+# ---------------------------------------------------------------------------
+# First stage: check that namespaces can be made, then run the second stage
+# inside new ones under the timeout.
+if [ "$inside" = 0 ]; then
+  ns_flags=(-m -u -i -p)
+  [ "$netns" = 1 ] && ns_flags+=(-n)
+  if ! unshare "${ns_flags[@]}" -f true 2>/dev/null; then
+    echo "simnodes: cannot make namespaces here (unshare ${ns_flags[*]} failed: root is needed); skipped" >&2
+    exit 77
+  fi
+  for tool in ip nsenter timeout setpriv pgrep; do
+    command -v "$tool" >/dev/null || { echo "simnodes: $tool not found; skipped" >&2; exit 77; }
+  done
+  args=(--nodes "$nodes" --ranks-per-node "$per_node" --timeout "$timeout_s" --mpiexec "$mpiexec")
+  [ "$netns" = 1 ] && args+=(--netns)
+  [ "$no_finalize" = 1 ] && args+=(--no-finalize)
+  # unshare blocks SIGTERM and SIGINT while it waits: this script forwards
+  # them to the second stage, whose trap cleans up. Should this script be
+  # killed outright, unshare gets SIGKILL (setpriv --pdeathsig) and the
+  # second stage SIGTERM (--kill-child); and when the second stage, the PID
+  # namespace's first process, ends, the kernel ends every other process of
+  # the job.
+  setpriv --pdeathsig KILL unshare "${ns_flags[@]}" -f --kill-child=SIGTERM --mount-proc \
+    bash "${BASH_SOURCE[0]}" --inside "${args[@]}" -- "$@" &
+  child=$!
+  forward() {
+    local inner
+    inner="$(pgrep -P "$child" || true)"
+    if [ -n "$inner" ]; then kill -TERM $inner 2>/dev/null || true; else kill -KILL "$child" 2>/dev/null || true; fi
+  }
+  trap forward TERM INT HUP
+  set +e
+  while :; do
+    wait "$child"
+    status=$?
+    kill -0 "$child" 2>/dev/null || break
+  done
+  exit "$status"
+fi
+
+# ---------------------------------------------------------------------------
+# Second stage: PID 1 of a PID namespace, in mount, UTS, IPC (and network)
+# namespaces of its own.
+job=""
+state=""
+made_links=()
+made_netns=()
+made_mounts=()
+
+cleanup() {
+  # A second signal must not cut the cleanup short.
+  trap - EXIT
+  trap '' INT TERM HUP
+  if [ -n "$job" ] && kill -0 "$job" 2>/dev/null; then
+    kill -TERM "$job" 2>/dev/null || true
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$job" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$job" 2>/dev/null || true
+  fi
+  # Every other process of the job (the proxies and ranks of the nodes).
+  for p in /proc/[0-9]*; do
+    p="${p#/proc/}"
+    [ "$p" = 1 ] || [ "$p" = "$$" ] || kill -KILL "$p" 2>/dev/null || true
+  done
+  local i
+  for ((i = ${#made_links[@]} - 1; i >= 0; i--)); do ip link del "${made_links[i]}" 2>/dev/null || true; done
+  for ((i = ${#made_netns[@]} - 1; i >= 0; i--)); do umount "${made_netns[i]}" 2>/dev/null || true; done
+  for ((i = ${#made_mounts[@]} - 1; i >= 0; i--)); do umount -l "${made_mounts[i]}" 2>/dev/null || true; done
+  # The mount point on the host (nothing of the job was written to it).
+  [ -z "$state" ] || rmdir "$state" 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+trap 'exit 129' HUP
+
+# A private tmpfs for the job's files, and a private /etc/hosts.
+state="$(mktemp -d "${TMPDIR:-/tmp}/simnodes.XXXXXX")"
+mount -t tmpfs -o size=16m,mode=0755 simnodes "$state"
+made_mounts+=("$state")
+mkdir -p "$state/netns"
+hostname simnodes-head
+{
+  echo "127.0.0.1 localhost"
+  echo "$(head_ip) simnodes-head"
+  for ((i = 0; i < nodes; i++)); do echo "$(node_ip "$i") $(node_name "$i")"; done
+} > "$state/hosts"
+mount --bind "$state/hosts" /etc/hosts
+made_mounts+=(/etc/hosts)
+
+: > "$state/nodes"
+if [ "$netns" = 1 ]; then
+  ip link set lo up
+  ip link add simnodes0 type bridge
+  made_links+=(simnodes0)
+  ip addr add "$(head_ip)/24" dev simnodes0
+  ip link set simnodes0 up
+fi
+for ((i = 0; i < nodes; i++)); do
+  name="$(node_name "$i")"
+  if [ "$netns" = 1 ]; then
+    # The node's network namespace, kept by a bind mount on a file of the
+    # job's tmpfs; its end of the veth pair is its eth0.
+    file="$state/netns/$name"
+    : > "$file"
+    unshare --net="$file" true
+    made_netns+=("$file")
+    nsenter --net="$file" ip link add eth0 type veth peer name "sn-$name" netns 1
+    made_links+=("sn-$name")
+    ip link set "sn-$name" master simnodes0
+    ip link set "sn-$name" up
+    nsenter --net="$file" ip link set lo up
+    nsenter --net="$file" ip addr add "$(node_ip "$i")/24" dev eth0
+    nsenter --net="$file" ip link set eth0 up
+    echo "$name $file" >> "$state/nodes"
+  else
+    echo "$name -" >> "$state/nodes"
+  fi
+done
+
+hosts=""
+for ((i = 0; i < nodes; i++)); do hosts+="${hosts:+,}$(node_name "$i"):$per_node"; done
+total=$((nodes * per_node))
+if [ -z "${PARTITA_WAIT:-}" ] && [ "$total" -gt "$(nproc)" ]; then
+  export PARTITA_WAIT=yield
+fi
+export SIMNODES_STATE="$state"
+if [ "$no_finalize" = 1 ]; then
+  "${CC:-cc}" -shared -fPIC -O1 -o "$state/no_finalize.so" "$self_dir/simnodes_no_finalize.c"
+  set -- env "LD_PRELOAD=$state/no_finalize.so${LD_PRELOAD:+:$LD_PRELOAD}" "$@"
+fi
+
+SECONDS=0
+timeout -k 10 "$timeout_s" "$mpiexec" -launcher ssh -launcher-exec "$self_dir/simnodes-exec.sh" \
+  -hosts "$hosts" -n "$total" "$@" &
+job=$!
+set +e
+wait "$job"
+status=$?
+set -e
+job=""
+# 124: the timeout's SIGTERM ended mpiexec; 137: mpiexec had not ended
+# 10 s later (its proxies unreachable) and SIGKILL did.
+if { [ "$status" = 124 ] || [ "$status" = 137 ]; } && [ "$SECONDS" -ge "$timeout_s" ]; then
+  echo "simnodes: the job did not end within ${timeout_s} s (--timeout); ended" >&2
+  status=124
+fi
+exit "$status"
