@@ -10,6 +10,7 @@ packages=(g++ cmake ninja-build make libtorch-dev libmpich-dev mpich librapidche
           clang-14 libclang-rt-14-dev libfuzzer-14-dev  # the smp decoder fuzzer
           libgloo-dev  # the headers of LibTorch's c10d Gloo, the benchmarks' third line
           libopenblas0-serial  # LibTorch's GEMMs: Debian's default libblas is the reference BLAS
+          iproute2 procps util-linux  # tools/simnodes.sh: ip, pgrep, nsenter/unshare/setpriv
           doxygen)  # the API reference (docs/api.md) and its ctest
 if [ "${1:-}" = "--with-browser" ]; then packages+=(chromium); fi
 missing=()
