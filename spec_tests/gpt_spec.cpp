@@ -66,16 +66,21 @@ std::unique_ptr<torch::optim::Optimizer> optimizer(Optimizer o, std::vector<at::
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 
-// Returns this rank's first difference, "" when every step matched.
-std::string train_and_compare(const Case& c) {
+// smp::init at the case's layout and schedule; the chunks per pipeline rank.
+int init_layout(const Case& c) {
   smp::Config config;
   config.partitions(c.pp);
   config.tensor_parallel_degree(c.tp);
   config.microbatches(kMicrobatches);
   config.pipeline(c.schedule);
-  const int v = c.schedule == "interleaved_virtual" && c.pp > 1 ? 2 : 1;
   config.virtual_pipeline_model_parallel_size(c.schedule == "interleaved_virtual" ? 2 : 1);
   smp::init(config);
+  return c.schedule == "interleaved_virtual" && c.pp > 1 ? 2 : 1;
+}
+
+// Returns this rank's first difference, "" when every step matched.
+std::string train_and_compare(const Case& c) {
+  const int v = init_layout(c);
   const gpt::Sizes s = sizes();
   const int dp = smp::dp_size(), stage = smp::pp_rank();
   const std::string label = name_of(c);
@@ -233,14 +238,7 @@ Volume gpt_formula(const Case& c, const std::vector<int>& stage_of, const gpt::S
 // Two steps of the GPT under each layout and schedule; after each, this
 // rank's counts against the formula.
 std::string check_volumes(const Case& c) {
-  smp::Config config;
-  config.partitions(c.pp);
-  config.tensor_parallel_degree(c.tp);
-  config.microbatches(kMicrobatches);
-  config.pipeline(c.schedule);
-  const int v = c.schedule == "interleaved_virtual" && c.pp > 1 ? 2 : 1;
-  config.virtual_pipeline_model_parallel_size(c.schedule == "interleaved_virtual" ? 2 : 1);
-  smp::init(config);
+  const int v = init_layout(c);
   const gpt::Sizes s = sizes();
   const int dp = smp::dp_size(), stage = smp::pp_rank();
   std::vector<smp::StagePartitions> parts;
