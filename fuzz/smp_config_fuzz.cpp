@@ -6,8 +6,10 @@
 // accepts:
 //  - to_json() reads back as the same configuration;
 //  - validate(world) accepts exactly the worlds the layout can be built
-//    for, and the layout of an accepted world places every rank in an mp
-//    and a dp group that contain it, in the order the layout's rule says.
+//    for (whole model replicas of partitions x tensor_parallel_degree, and
+//    virtual stages only under "interleaved_virtual"), and the 2-D layout
+//    of an accepted world places every rank in an mp and a dp group that
+//    contain it, in the order the layout's rule says.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -29,7 +31,8 @@ using partita::smp::ConfigError;
 
 bool same(const Config& a, const Config& b) {
   return a.partitions() == b.partitions() && a.microbatches() == b.microbatches() && a.pipeline() == b.pipeline() &&
-         a.ddp() == b.ddp();
+         a.ddp() == b.ddp() && a.tensor_parallel_degree() == b.tensor_parallel_degree() &&
+         a.virtual_pipeline_model_parallel_size() == b.virtual_pipeline_model_parallel_size();
 }
 
 void check_layout(const Config& c, int world) {
@@ -39,11 +42,17 @@ void check_layout(const Config& c, int world) {
   } catch (const ConfigError&) {
     accepted = false;
   }
-  const bool divides = world % c.partitions() == 0;
-  if (accepted != (divides && (c.ddp() || world == c.partitions())))
+  // A model replica is partitions x tensor_parallel_degree processes; the
+  // world holds whole replicas (exactly one with ddp off); virtual stages
+  // only with the one schedule that has them (docs/smp.md).
+  const long long mp = static_cast<long long>(c.partitions()) * c.tensor_parallel_degree();
+  const bool stages_ok = c.virtual_pipeline_model_parallel_size() == 1 || c.pipeline() == "interleaved_virtual";
+  if (accepted != (stages_ok && world % mp == 0 && (c.ddp() || world == mp)))
     finding("validate(" + std::to_string(world) + ") of " + c.to_json() + " answered " +
             (accepted ? "yes" : "no"));
-  if (!accepted) return;
+  // The placement below is the 2-D layout's rule (pp x dp); the 3-D one's
+  // tables are spec_3d's.
+  if (!accepted || c.tensor_parallel_degree() != 1) return;
   const partita::smp::Layout layout(world, c.partitions());
   for (int r = 0; r < world; ++r) {
     const auto p = layout.place(r);
