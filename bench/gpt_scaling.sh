@@ -4,7 +4,9 @@
 # same model, global batch and microbatches, as
 #   one process, 1 LibTorch thread      (the baseline; 2.0x is the limit on 2 cores)
 #   one process, 2 LibTorch threads     (what a user gets without partita)
-#   2 ranks dp 2, tp 2, pp 2 (1F1B)     (1 LibTorch thread each)
+#   2 ranks dp 2, tp 2, pp 2 (1F1B)     (1 LibTorch thread each; dp 2 with
+#                                        the Linear layers replicated, and
+#                                        stored on replica 0 as seed 002's)
 # and prints each run's median step, its speedup over the baseline and the
 # CPU model. Every run must print the same losses (the same model and data):
 # the script fails otherwise.
@@ -37,7 +39,7 @@ config() {  # partitions tp
   printf '{"partitions": %d, "tensor_parallel_degree": %d, "microbatches": %d, "pipeline": "interleaved"}' \
     "$1" "$2" "$microbatches"
 }
-names=(one_thread two_threads dp2 tp2 pp2)
+names=(one_thread two_threads dp2 dp2_stored tp2 pp2)
 run() {  # name -> the run's output in $work/name.R
   local name=$1 round=$2 out="$work/$1.$2"
   local common=(--hidden "$hidden" --batch "$batch" --steps "$steps" --layers "$layers")
@@ -45,6 +47,8 @@ run() {  # name -> the run's output in $work/name.R
     one_thread) PARTITA_SMP_CONFIG=$(config 1 1) timeout 900 "$exe" "${common[@]}" --threads 1 >"$out" ;;
     two_threads) PARTITA_SMP_CONFIG=$(config 1 1) timeout 900 "$exe" "${common[@]}" --threads 2 >"$out" ;;
     dp2) PARTITA_SMP_CONFIG=$(config 1 1) timeout 900 "$mpiexec" -n 2 "$exe" "${common[@]}" --threads 1 >"$out" ;;
+    dp2_stored) PARTITA_SMP_CONFIG=$(config 1 1) timeout 900 "$mpiexec" -n 2 "$exe" "${common[@]}" --threads 1 \
+      --data-parallel stored >"$out" ;;
     tp2) PARTITA_SMP_CONFIG=$(config 1 2) timeout 900 "$mpiexec" -n 2 "$exe" "${common[@]}" --threads 1 >"$out" ;;
     pp2) PARTITA_SMP_CONFIG=$(config 2 1) timeout 900 "$mpiexec" -n 2 "$exe" "${common[@]}" --threads 1 >"$out" ;;
   esac

@@ -8,6 +8,11 @@
 //   PARTITA_SMP_CONFIG='{"partitions": 1, "tensor_parallel_degree": 2}' mpiexec.mpich -n 4 build/examples/train_gpt
 //   build/examples/train_gpt --steps 50 --batch 16         # one process
 //
+// The Linear layers' data parallelism: --data-parallel replicated (the
+// default: every replica holds its blocks, the step averages their
+// gradients once, as DistributedDataParallel) or stored (seed 002's: stored
+// on replica 0, broadcast in every microbatch's forward; docs/3d.md).
+//
 // Prints the layout, then the loss per step (the mean cross-entropy over the
 // global batch, in nats); exits 0 when the loss fell over the run.
 #include <torch/torch.h>
@@ -57,6 +62,8 @@ Flags parse(int argc, char** argv) {
     else if (k == "--hidden") f.sizes.hidden = std::stoll(v);
     else if (k == "--heads") f.sizes.heads = std::stoll(v);
     else if (k == "--context") f.sizes.context = std::stoll(v);
+    else if (k == "--data-parallel" && (v == "replicated" || v == "stored")) f.sizes.replicated = v == "replicated";
+    else if (k == "--data-parallel") throw std::invalid_argument("train_gpt: --data-parallel takes replicated or stored, not " + v);
     else throw std::invalid_argument("train_gpt: unknown flag " + k);
   }
   return f;
@@ -88,9 +95,10 @@ int main(int argc, char** argv) {
   const gpt::Sizes& s = f.sizes;
   const int64_t T = s.context;
   if (smp::rank() == 0)
-    std::printf("train_gpt: %d processes = dp %d x pp %d x tp %d, %d microbatches, pipeline %s; "
+    std::printf("train_gpt: %d processes = dp %d x pp %d x tp %d, %d microbatches, pipeline %s, Linear layers %s; "
                 "%lld blocks, %lld heads, width %lld, context %lld, vocabulary %lld\n",
-                smp::size(), dp, pp, tp, microbatches, smp::config().pipeline().c_str(), (long long)s.layers,
+                smp::size(), dp, pp, tp, microbatches, smp::config().pipeline().c_str(),
+                s.replicated ? "replicated" : "stored on replica 0", (long long)s.layers,
                 (long long)s.heads, (long long)s.hidden, (long long)T, (long long)s.vocab);
   if (f.batch % (dp * microbatches) != 0 || T % tp != 0) {
     if (smp::rank() == 0) std::printf("train_gpt: --batch must divide by dp x microbatches and the context by tp\n");

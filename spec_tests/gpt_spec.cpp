@@ -47,12 +47,21 @@ struct Case {
   int pp, tp;
   std::string schedule;
   Optimizer optimizer;
+  bool replicated = true;  // the Linear layers' data parallelism (gpt::Sizes)
 };
 
+int dp_of(const Case& c) { return mpi::world_size() / (c.pp * c.tp); }
+
 std::string name_of(const Case& c) {
-  return "pp " + std::to_string(c.pp) + " x tp " + std::to_string(c.tp) + " x dp " +
-         std::to_string(mpi::world_size() / (c.pp * c.tp)) + ", " + c.schedule +
-         (c.optimizer == Optimizer::kAdam ? ", Adam" : ", SGD with momentum");
+  return "pp " + std::to_string(c.pp) + " x tp " + std::to_string(c.tp) + " x dp " + std::to_string(dp_of(c)) +
+         ", " + c.schedule + (c.optimizer == Optimizer::kAdam ? ", Adam" : ", SGD with momentum") +
+         (dp_of(c) == 1 ? "" : c.replicated ? ", Linear layers replicated" : ", Linear layers stored on replica 0");
+}
+
+gpt::Sizes sizes(const Case& c) {
+  gpt::Sizes s = sizes();
+  s.replicated = c.replicated;
+  return s;
 }
 
 double group_sum(double v, smp::CommGroup g) {
@@ -81,7 +90,7 @@ int init_layout(const Case& c) {
 // Returns this rank's first difference, "" when every step matched.
 std::string train_and_compare(const Case& c) {
   const int v = init_layout(c);
-  const gpt::Sizes s = sizes();
+  const gpt::Sizes s = sizes(c);
   const int dp = smp::dp_size(), stage = smp::pp_rank();
   const std::string label = name_of(c);
 
@@ -170,10 +179,12 @@ TEST(Gpt, EveryParameterEqualsOneProcessUnderEverySchedule) {
   if (ls.empty()) GTEST_SKIP() << "no layout for " << mpi::world_size() << " ranks";
   for (const auto& [pp, tp] : ls)
     for (const auto& schedule : kSchedules)
-      for (const Optimizer o : {Optimizer::kSgdMomentum, Optimizer::kAdam}) {
-        if (schedule == "interleaved_virtual" && pp == 1 && o == Optimizer::kAdam) continue;  // the same run as 1F1B
-        PARTITA_EXPECT_AGREED(train_and_compare({pp, tp, schedule, o}));
-      }
+      for (const Optimizer o : {Optimizer::kSgdMomentum, Optimizer::kAdam})
+        for (const bool replicated : {true, false}) {
+          if (schedule == "interleaved_virtual" && pp == 1 && o == Optimizer::kAdam) continue;  // the same run as 1F1B
+          if (!replicated && dp_of({pp, tp, schedule, o}) == 1) continue;  // no copies: the same run
+          PARTITA_EXPECT_AGREED(train_and_compare({pp, tp, schedule, o, replicated}));
+        }
 }
 
 
@@ -189,7 +200,7 @@ struct Volume {
 // Rows of a table or of the head split over t as partita splits: the first
 // V mod t ranks hold one more.
 Volume gpt_formula(const Case& c, const std::vector<int>& stage_of, const gpt::Sizes& s, bool first) {
-  const int64_t p = c.pp, t = c.tp, d = mpi::world_size() / (c.pp * c.tp), m = kMicrobatches;
+  const int64_t p = c.pp, t = c.tp, d = dp_of(c), m = kMicrobatches;
   const int64_t r = smp::pp_rank(), q = smp::dp_rank(), u = smp::tp_rank();
   const int64_t v = c.schedule == "interleaved_virtual" && p > 1 ? 2 : 1;
   const int64_t e = v > 1 && r < p - 1 && first ? 1 : 0;  // the stand-in's shape probe
@@ -223,14 +234,14 @@ Volume gpt_formula(const Case& c, const std::vector<int>& stage_of, const gpt::S
   const int64_t passes = c.schedule == "zero_bubble" && r > 0 ? 2 : 1;
   out.tensor_parallel = m * (forward + ce_forward + passes * activations + norms) + e * forward;
   if (d > 1) {
-    // seed 002's Linear layers: W and b broadcast from replica 0 in every
-    // microbatch's forward, their gradients sum-reduced back.
     const int64_t linear = f * (K * (12 * H * H + 9 * H) / t + Hd * rows(V) * (H + 1));
-    out.data_parallel = q == 0 ? (m + e) * linear * (d - 1) : m * linear;
     // The LayerNorms' and the tables' gradients averaged over the replicas
-    // once per step.
+    // once per step, and the Linear layers' too where each replica holds
+    // them; else seed 002's: W and b broadcast from replica 0 in every
+    // microbatch's forward, their gradients sum-reduced back.
     const int64_t plain = f * (2 * H * (2 * K + Hd) + E * (rows(V) + rows(T)) * H);
-    out.data_parallel += (d - 1) * plain;
+    if (c.replicated) out.data_parallel = (d - 1) * (plain + linear);
+    else out.data_parallel = (q == 0 ? (m + e) * linear * (d - 1) : m * linear) + (d - 1) * plain;
   }
   return out;
 }
@@ -239,7 +250,7 @@ Volume gpt_formula(const Case& c, const std::vector<int>& stage_of, const gpt::S
 // rank's counts against the formula.
 std::string check_volumes(const Case& c) {
   const int v = init_layout(c);
-  const gpt::Sizes s = sizes();
+  const gpt::Sizes s = sizes(c);
   const int dp = smp::dp_size(), stage = smp::pp_rank();
   std::vector<smp::StagePartitions> parts;
   for (int k = 0; k < c.pp; ++k) parts.push_back(smp::stage_partitions(k));
@@ -281,7 +292,11 @@ TEST(Gpt, BytesPerStepEqualTheFormula) {
   const auto ls = layouts();
   if (ls.empty()) GTEST_SKIP() << "no layout for " << mpi::world_size() << " ranks";
   for (const auto& [pp, tp] : ls)
-    for (const auto& schedule : kSchedules) PARTITA_EXPECT_AGREED(check_volumes({pp, tp, schedule, Optimizer::kSgdMomentum}));
+    for (const auto& schedule : kSchedules)
+      for (const bool replicated : {true, false}) {
+        const Case c{pp, tp, schedule, Optimizer::kSgdMomentum, replicated};
+        if (replicated || dp_of(c) > 1) PARTITA_EXPECT_AGREED(check_volumes(c));
+      }
 }
 
 }  // namespace

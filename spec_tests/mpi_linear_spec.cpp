@@ -316,6 +316,90 @@ TEST_P(MpiLinear, SgdFollowsTorchLinear) {
   EXPECT_TRUE(agreed(ok)) << c.name;
 }
 
+// LinearOptions::replicated (docs/3d.md, "Data parallelism inside the
+// layers"): every data-parallel copy holds its blocks, equal to the first
+// copy's from construction on; the forward equals the stored layer's; each
+// copy's gradient is the gradient of its own rows only (nothing summed over
+// the copies), restated here with torch::nn::Linear on those rows; and
+// from_distdl, which DistDL fills on the first copy only, leaves every copy
+// equal to it.
+TEST_P(MpiLinear, ReplicatedCopiesHoldTheirOwnGradients) {
+  const Config& c = GetParam();
+  if (c.kind != Kind::AllGather && c.kind != Kind::ReduceScatter) GTEST_SKIP() << "not a replicable kind";
+  torch::manual_seed(300 + mpi::world_rank());  // each copy draws its own values before the first copy's replace them
+  Built b = build(c, nn::LinearOptions().dtype(at::kDouble).replicated(true));
+  const bool in_layer = b.layer->partition().active();
+  EXPECT_EQ(b.layer->replicated(), true);
+  const int64_t D = c.P[0];
+  const int64_t copy = in_layer ? b.layer->partition().index()[0] : -1;
+  bool ok = true;
+  std::string why;
+  auto expect = [&](bool good, const std::string& what) {
+    if (!good) why += "rank " + std::to_string(mpi::world_rank()) + ": " + what + "; ";
+    ok = ok && good;
+  };
+  // Every copy's block is the first copy's (gather reads the first copy).
+  auto blocks_match = [&](const torch::nn::Linear& g, const std::string& when) {
+    if (!in_layer) return;
+    const auto w = b.layer->weight_block();
+    expect(w[1] > 0 && at::equal(b.layer->local_weight(), g->weight.slice(0, w[0], w[0] + w[1]).slice(1, w[2], w[2] + w[3])),
+           "W block " + when);
+    const auto bb = b.layer->bias_block();
+    expect(bb[1] > 0 && at::equal(b.layer->local_bias(), g->bias.slice(0, bb[0], bb[0] + bb[1])), "b block " + when);
+  };
+  blocks_match(b.layer->gather_parameters(), "after construction");
+
+  // The same global layer in the replicated and the stored forms.
+  torch::manual_seed(8);
+  torch::nn::Linear global(torch::nn::LinearOptions(c.in, c.out));
+  global->to(at::kDouble);
+  const at::Tensor xg = torch::randn(c.x_global, at::kDouble);
+  Shape y_shape = c.x_global;
+  y_shape.back() = c.out;
+  const at::Tensor dyg = torch::randn(y_shape, at::kDouble);
+  b.layer->scatter_parameters(global);
+  Built stored = build(c, nn::LinearOptions().dtype(at::kDouble));
+  stored.layer->scatter_parameters(global);
+  const at::Tensor x = block_of(xg, b.P_x).requires_grad_();
+  const at::Tensor y = b.layer->forward(x), y_stored = stored.layer->forward(x.detach());
+  if (b.P_y.active()) expect(close(y.detach(), y_stored.detach(), 1e-12), "y differs from the stored layer's");
+  torch::autograd::backward({y}, {b.P_y.active() ? block_of(dyg, b.P_y) : at::zeros_like(y)});
+  if (in_layer) {
+    // torch::nn::Linear on this copy's rows of the batch (axis 0 of x).
+    const int64_t r0 = local_start(xg.size(0), D, copy), rn = local_length(xg.size(0), D, copy);
+    torch::nn::Linear mine(torch::nn::LinearOptions(c.in, c.out));
+    mine->to(at::kDouble);
+    {
+      torch::NoGradGuard no_grad;
+      mine->weight.copy_(global->weight);
+      mine->bias.copy_(global->bias);
+    }
+    torch::autograd::backward({mine->forward(xg.narrow(0, r0, rn))}, {dyg.narrow(0, r0, rn)});
+    const auto w = b.layer->weight_block();
+    const auto bb = b.layer->bias_block();
+    expect(b.layer->local_weight().grad().defined() &&
+               close(b.layer->local_weight().grad(),
+                     mine->weight.grad().slice(0, w[0], w[0] + w[1]).slice(1, w[2], w[2] + w[3]), 1e-12),
+           "dW is not the gradient of this copy's rows");
+    expect(b.layer->local_bias().grad().defined() &&
+               close(b.layer->local_bias().grad(), mine->bias.grad().slice(0, bb[0], bb[0] + bb[1]), 1e-12),
+           "db is not the gradient of this copy's rows");
+  }
+  if (b.P_x.active())
+    expect(x.grad().defined() && close(x.grad(), block_of(at::matmul(dyg, global->weight.detach()), b.P_x), 1e-12), "dx");
+  // DistDL's parameters fill the first copy; the others follow.
+  const nn::DistDLParameters distdl = b.layer->to_distdl();
+  if (in_layer && copy > 0) {
+    torch::NoGradGuard no_grad;
+    b.layer->local_weight().add_(1);
+    b.layer->local_bias().add_(1);
+  }
+  b.layer->from_distdl(distdl);
+  blocks_match(global, "after from_distdl");
+  EXPECT_TRUE(ok) << why;
+  EXPECT_TRUE(agreed(ok)) << c.name;
+}
+
 // --- DistDL's local parameter layout (issue 33) --------------------------------
 //
 // What DistDL's twin of each layer holds on a rank, restated from DistDL's
@@ -501,6 +585,23 @@ TEST(MpiLinearErrors, PartitionsThatDoNotFit) {
   expect_error_everywhere<PartitionError>(
       [&] { nn::DistributedLinearReduceScatterZero(cartesian(range(0, 4), {1, 4}), mpi::Partition(), 8, 4); },
       "data-parallel axis", true);
+  // LinearOptions::replicated: not for the ZeRO-3 forms (they shard W over
+  // the copies) nor the general layer (no copies).
+  expect_error_everywhere<PartitionError>(
+      [&] {
+        nn::DistributedLinearAllGatherZero(mpi::Partition(), cartesian(range(0, 4), {2, 1, 2}), 8, 4,
+                                           nn::LinearOptions().replicated(true));
+      },
+      "replicated does not apply", true);
+  expect_error_everywhere<PartitionError>(
+      [&] {
+        nn::DistributedLinearReduceScatterZero(cartesian(range(0, 4), {2, 1, 2}), mpi::Partition(), 8, 4,
+                                               nn::LinearOptions().replicated(true));
+      },
+      "replicated does not apply", true);
+  expect_error_everywhere<PartitionError>(
+      [&] { nn::DistributedLinear(P_x, P_y, cartesian({0, 1}, {1, 2}), 8, 4, nn::LinearOptions().replicated(true)); },
+      "replicated does not apply", true);
   // Ranks passing different feature counts.
   expect_error_everywhere<PartitionError>(
       [&] { nn::DistributedLinearReduceScatter(cartesian(range(0, 4), {2, 1, 2}), mpi::Partition(), 8 + (mpi::world_rank() == 1), 4); },

@@ -31,6 +31,11 @@ namespace gpt {
 struct Sizes {
   int64_t vocab = 128, context = 64, hidden = 64, heads = 4, layers = 4;
   at::ScalarType dtype = at::kFloat;
+  // The Linear layers' data parallelism (docs/3d.md): every replica holds
+  // its blocks and the step averages their gradients (true, as torch's
+  // DistributedDataParallel), or seed 002's, stored on replica 0 and
+  // broadcast in every forward (false).
+  bool replicated = true;
 };
 
 using Parameters = std::map<std::string, at::Tensor>;
@@ -109,7 +114,9 @@ inline at::Tensor forward(const Parameters& p, const Sizes& s, const at::Tensor&
 
 namespace pn = partita::nn;
 
-inline pn::LinearOptions linear_options(const Sizes& s) { return pn::LinearOptions().dtype(s.dtype); }
+inline pn::LinearOptions linear_options(const Sizes& s) {
+  return pn::LinearOptions().dtype(s.dtype).replicated(s.replicated);
+}
 inline pn::LayerNormOptions norm_options(const Sizes& s) { return pn::LayerNormOptions().dtype(s.dtype); }
 
 // Input [b, T_s, 2] int64: each token's id and position.
@@ -247,6 +254,16 @@ inline std::vector<std::tuple<std::string, at::Tensor, at::Tensor>> pieces(Model
     const torch::nn::Linear g = l.gather_parameters();
     out.emplace_back(name + ".weight", g->weight, global.at(name + ".weight"));
     out.emplace_back(name + ".bias", g->bias, global.at(name + ".bias"));
+    // This rank's own blocks too (every replica's, where each holds them).
+    if (l.local_weight().defined()) {
+      const auto [r0, rn, c0, cn] = l.weight_block();
+      out.emplace_back(name + ".weight (this rank's block)", l.local_weight(),
+                       global.at(name + ".weight").slice(0, r0, r0 + rn).slice(1, c0, c0 + cn));
+    }
+    if (l.local_bias().defined()) {
+      const auto [b0, bn] = l.bias_block();
+      out.emplace_back(name + ".bias (this rank's block)", l.local_bias(), global.at(name + ".bias").slice(0, b0, b0 + bn));
+    }
   };
   auto norm = [&](const std::string& name, pn::SequenceParallelLayerNormImpl& n) {
     out.emplace_back(name + ".weight", n.weight, global.at(name + ".weight"));

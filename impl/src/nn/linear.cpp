@@ -28,6 +28,10 @@ struct LinearLayout {
   mpi::Partition P_layer;   // every worker taking part in a call
   mpi::Partition P_params;  // every owner of a block (gather/scatter)
   bool owns_weight = false, owns_bias = false;
+  // LinearOptions::replicated: every data-parallel copy owns the blocks;
+  // `first_copy` marks the copy gather_parameters reads (data-parallel
+  // index 0), the others hold the same values.
+  bool replicated = false, first_copy = true;
   int64_t w_r0 = 0, w_rn = 0, w_c0 = 0, w_cn = 0, b0 = 0, bn = 0;
 
   // What DistDL's twin of the layer holds on this rank (to_distdl /
@@ -105,6 +109,7 @@ void checked_construction(const std::string& name, int64_t in, int64_t out, cons
   f.add(out);
   f.add(static_cast<int64_t>(o.bias()));
   f.add(static_cast<int64_t>(o.dtype()));
+  f.add(static_cast<int64_t>(o.replicated()));
   for (const auto* P : parts) {
     f.add(P->workers());
     f.add(P->shape());
@@ -136,7 +141,10 @@ void count_adjoint(const at::Tensor& y, Traffic kind, int64_t bytes) {
 
 // An all-gather over `team` workers and its adjoint (a reduce-scatter of
 // y's gradient back to x's slices).
+// A team of one has nothing to gather or sum: x is used as it is (the
+// layers' own agreement has checked it; at::linear never writes it).
 at::Tensor gathered(AllGather& gather, const at::Tensor& x, int64_t team, Traffic kind) {
+  if (team == 1) return x;
   at::Tensor y = gather(x);
   count(kind, (team - 1) * nbytes(x));
   count_adjoint(y, kind, nbytes(y) - nbytes(x));
@@ -146,6 +154,7 @@ at::Tensor gathered(AllGather& gather, const at::Tensor& x, int64_t team, Traffi
 // A reduce-scatter over `team` workers and its adjoint (an all-gather of
 // y's gradient).
 at::Tensor scattered(ReduceScatter& scatter, const at::Tensor& x, int64_t team, Traffic kind) {
+  if (team == 1) return x;
   at::Tensor y = scatter(x);
   count(kind, nbytes(x) - nbytes(y));
   count_adjoint(y, kind, (team - 1) * nbytes(y));
@@ -165,6 +174,19 @@ at::Tensor share(Broadcast& broadcast, const at::Tensor& p, bool owns, at::Scala
   count(kDataParallel, owns ? (copies - 1) * nbytes(out) : 0);
   if (!owns) count_adjoint(out, kDataParallel, nbytes(out));
   return out;
+}
+
+// A replicated layer's copies take the first copy's W and b (the broadcast
+// the layer would otherwise run in every forward, once, without autograd).
+void copy_from_first(Broadcast& broadcast, const LinearLayout& l, at::Tensor& weight, at::Tensor& bias) {
+  if (!l.replicated || broadcast.is_empty()) return;
+  torch::NoGradGuard no_grad;
+  const at::Tensor w = broadcast(l.first_copy ? weight : nothing(l.dtype));
+  if (!l.first_copy) weight.copy_(w);
+  if (l.bias) {
+    const at::Tensor b = broadcast(l.first_copy ? bias : nothing(l.dtype));
+    if (!l.first_copy) bias.copy_(b);
+  }
 }
 
 // The j-th of n balanced pieces of [0, total): {start, length}.
@@ -287,6 +309,7 @@ int64_t DistributedLinearBase::in_features() const { return layout_->in; }
 const mpi::Partition& DistributedLinearBase::partition() const { return layout_->P_layer; }
 int64_t DistributedLinearBase::out_features() const { return layout_->out; }
 bool DistributedLinearBase::has_bias() const { return layout_->bias; }
+bool DistributedLinearBase::replicated() const { return layout_->replicated; }
 std::array<int64_t, 4> DistributedLinearBase::weight_block() const {
   const auto& l = *layout_;
   if (!l.owns_weight) return {0, 0, 0, 0};
@@ -341,15 +364,17 @@ torch::nn::Linear DistributedLinearBase::gather_parameters() const {
   const auto& l = *layout_;
   if (!l.P_params.active()) return torch::nn::Linear(nullptr);
   // Each worker sends its block's coordinates and values (in double: every
-  // supported dtype converts to it and back exactly).
-  std::vector<double> mine = {double(l.owns_weight), double(l.w_r0), double(l.w_rn), double(l.w_c0),
-                              double(l.w_cn),        double(l.owns_bias), double(l.b0), double(l.bn)};
+  // supported dtype converts to it and back exactly); of a replicated
+  // layer's copies, the first.
+  const bool sends_w = l.owns_weight && l.first_copy, sends_b = l.owns_bias && l.first_copy;
+  std::vector<double> mine = {double(sends_w), double(l.w_r0), double(l.w_rn), double(l.w_c0),
+                              double(l.w_cn),  double(sends_b), double(l.b0),   double(l.bn)};
   auto append = [&](const at::Tensor& t) {
     const at::Tensor d = t.detach().to(at::kDouble).contiguous();
     mine.insert(mine.end(), d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
   };
-  if (l.owns_weight) append(weight_);
-  if (l.owns_bias) append(bias_);
+  if (sends_w) append(weight_);
+  if (sends_b) append(bias_);
   const auto all = l.P_params.allgather_data(mpi::pack(mine));
   at::Tensor W = at::zeros({l.out, l.in}, at::kDouble), b = at::zeros({l.out}, at::kDouble);
   for (const auto& bytes : all) {
@@ -500,9 +525,11 @@ void DistributedLinearBase::from_distdl(const DistDLParameters& p) {
     const bool holds = l.dd_b == LinearLayout::kBlock;
     const at::Tensor full = assemble_bias(l.P_params, l.out, holds, l.dd_b0, l.dd_bn, holds ? p.bias : at::Tensor());
     if (l.owns_bias) bias_.copy_(full.slice(0, l.b0, l.b0 + l.bn));
-  } else if (l.owns_bias) {
+  } else if (l.dd_b == LinearLayout::kBlock) {
     bias_.copy_(p.bias.reshape({l.bn}));
   }
+  // DistDL holds a replicated layer's blocks on the first copy only.
+  sync_copies();
 }
 
 // --- DistributedLinear (general) ---------------------------------------------
@@ -520,6 +547,8 @@ DistributedLinearImpl::DistributedLinearImpl(const mpi::Partition& P_x, const mp
   auto l = std::make_shared<LinearLayout>();
   l->name = "DistributedLinear";
   checked_construction(l->name, in_features, out_features, o, {&P_x, &P_y, &P_W}, [&] {
+    require(!o.replicated(), l->name,
+            "LinearOptions::replicated does not apply: DistributedLinear has no data-parallel copies (P_x is 1 x P_fin)");
     const auto shape_is = [](const mpi::Partition& P, int64_t a, int64_t b) {
       return !P.is_null() && P.cartesian() && P.shape() == Shape{a, b};
     };
@@ -550,6 +579,7 @@ DistributedLinearImpl::DistributedLinearImpl(const mpi::Partition& P_x, const mp
   l->out = out_features;
   l->bias = o.bias();
   l->dtype = o.dtype();
+  l->replicated = o.replicated();
   l->P_layer = P_x.create_partition_union(P_W).create_partition_union(P_y);
   l->P_params = P_W;
   if (P_W.active()) {
@@ -621,6 +651,8 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
   l->name = zero ? "DistributedLinearAllGatherZero" : "DistributedLinearAllGather";
   const mpi::Partition& P_x = P_x_given.is_null() ? P_y : P_x_given;
   checked_construction(l->name, in, out, o, {&P_y, &P_x}, [&] {
+    require(!(zero && o.replicated()), l->name,
+            "LinearOptions::replicated does not apply: the fully-sharded layer shards W over the data-parallel copies");
     const size_t d = P_y.shape().size();
     require(!P_y.is_null() && P_y.cartesian() && d >= 2 && P_y.shape()[d - 2] == 1, l->name,
             "P_y must be a Cartesian partition D x ... x 1 x M, got " + describe(P_y));
@@ -681,6 +713,7 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
   l->out = out;
   l->bias = o.bias();
   l->dtype = o.dtype();
+  l->replicated = o.replicated();
   l->P_layer = P_y;
   l->P_params = P_y;
   if (P_y.active()) {
@@ -697,8 +730,9 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
       const auto [s, n] = piece(rn, D, i[0]);
       l->b0 = r0 + s;
       l->bn = n;
-    } else if (leading_zero(i)) {
+    } else if (leading_zero(i) || o.replicated()) {
       l->owns_weight = true;
+      l->first_copy = leading_zero(i);
       l->w_r0 = r0;
       l->w_rn = rn;
       l->w_c0 = 0;
@@ -710,8 +744,9 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
     // DistDL (linear_ag.py, linear_ag_zero.py): W_m as [1, ..., out_m, in] on
     // the stored copy, zero-volume buffers on the other data-parallel
     // copies; ZeRO-3: every worker its shard transposed, [in_d, ..., out_m,
-    // 1]; b's block as [1, ..., n, 1]. The blocks are partita's.
-    if (l->owns_weight) {
+    // 1]; b's block as [1, ..., n, 1]. The blocks are partita's. (A
+    // replicated layer is DistDL's with the stored copy's values everywhere.)
+    if (l->owns_weight && l->first_copy) {
       l->dd_w = LinearLayout::kBlock;
       l->dd_w_transposed = zero;
       l->dd_w_shape = zero ? ones_with(d, {{0, l->w_cn}, {-2, l->w_rn}})
@@ -719,7 +754,7 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
     } else {
       l->dd_w = LinearLayout::kBuffer;
     }
-    if (l->owns_bias) {
+    if (l->owns_bias && l->first_copy) {
       l->dd_b = LinearLayout::kBlock;
       l->dd_b_shape = ones_with(d, {{-2, l->bn}});
       l->dd_b0 = l->b0;
@@ -729,6 +764,11 @@ DistributedLinearAllGatherImpl::DistributedLinearAllGatherImpl(bool zero, const 
     }
   }
   init_parameters(l);
+  sync_copies();
+}
+
+void DistributedLinearAllGatherImpl::sync_copies() {
+  if (p_->P_y.active()) copy_from_first(p_->broadcast_w, *layout_, weight_, bias_);
 }
 
 torch::Tensor DistributedLinearAllGatherImpl::forward(const torch::Tensor& x) {
@@ -748,6 +788,9 @@ torch::Tensor DistributedLinearAllGatherImpl::forward(const torch::Tensor& x) {
     if (l.bias) b = gathered(p_->gather_b, bias_, D, kDataParallel);
     // (No bias: an empty tensor, as torch's custom functions take no undefined input.)
     return ColumnBlockLinear::apply(xg, blocks, l.bias ? b : nothing(l.dtype), l.w_rn, p_->shard_widths);
+  } else if (l.replicated) {
+    W = weight_;
+    b = bias_;
   } else {
     W = share(p_->broadcast_w, weight_, l.owns_weight, l.dtype, copies(p_->P_y));
     if (l.bias) b = share(p_->broadcast_w, bias_, l.owns_bias, l.dtype, copies(p_->P_y));
@@ -786,6 +829,8 @@ DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero
   l->name = zero ? "DistributedLinearReduceScatterZero" : "DistributedLinearReduceScatter";
   const mpi::Partition& P_y = P_y_given.is_null() ? P_x : P_y_given;
   checked_construction(l->name, in, out, o, {&P_x, &P_y}, [&] {
+    require(!(zero && o.replicated()), l->name,
+            "LinearOptions::replicated does not apply: the fully-sharded layer shards W over the data-parallel copies");
     const size_t d = P_x.shape().size();
     require(!P_x.is_null() && P_x.cartesian() && d >= 2 && P_x.shape()[d - 2] == 1, l->name,
             "P_x must be a Cartesian partition D x ... x 1 x M, got " + describe(P_x));
@@ -834,6 +879,7 @@ DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero
   l->out = out;
   l->bias = o.bias();
   l->dtype = o.dtype();
+  l->replicated = o.replicated();
   l->P_layer = P_x;
   l->P_params = P_x;
   if (P_x.active()) {
@@ -851,8 +897,9 @@ DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero
       const auto [s, n] = piece(on, D, i[0]);
       l->b0 = o0 + s;
       l->bn = n;
-    } else if (leading_zero(i)) {
+    } else if (leading_zero(i) || o.replicated()) {
       l->owns_weight = true;
+      l->first_copy = leading_zero(i);
       l->w_r0 = 0;
       l->w_rn = out;
       l->w_c0 = c0;
@@ -869,7 +916,7 @@ DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero
     // none elsewhere; linear_rs_zero.py shards it over axis 0 on the workers
     // of model-parallel index 0 only, [out_d, 1, ..., 1] (entries
     // piece(out, D, d)), and none elsewhere.
-    if (l->owns_weight) {
+    if (l->owns_weight && l->first_copy) {
       l->dd_w = LinearLayout::kBlock;
       l->dd_w_shape = zero ? ones_with(d, {{0, l->w_rn}, {-1, l->w_cn}})
                            : ones_with(d, {{-2, l->w_rn}, {-1, l->w_cn}});
@@ -894,6 +941,11 @@ DistributedLinearReduceScatterImpl::DistributedLinearReduceScatterImpl(bool zero
     }
   }
   init_parameters(l);
+  sync_copies();
+}
+
+void DistributedLinearReduceScatterImpl::sync_copies() {
+  if (p_->P_x.active()) copy_from_first(p_->broadcast_w, *layout_, weight_, bias_);
 }
 
 torch::Tensor DistributedLinearReduceScatterImpl::forward(const torch::Tensor& x) {
@@ -904,15 +956,17 @@ torch::Tensor DistributedLinearReduceScatterImpl::forward(const torch::Tensor& x
   const int64_t m = p_->P_x.index()[d - 1];
   agree_on_input(check_x(x, true, d, local_length(l.in, M, m)));
   const int64_t D = p_->P_x.shape()[0];
-  const at::Tensor W = p_->zero ? gathered(p_->gather_w, weight_, D, kDataParallel)
-                                : share(p_->broadcast_w, weight_, l.owns_weight, l.dtype, copies(p_->P_x));
+  const at::Tensor W = p_->zero         ? gathered(p_->gather_w, weight_, D, kDataParallel)
+                       : l.replicated ? weight_
+                                      : share(p_->broadcast_w, weight_, l.owns_weight, l.dtype, copies(p_->P_x));
   at::Tensor partial = at::linear(x, W);
   if (l.bias) {
     // b is split over the model-parallel workers (seed 002): worker m adds
     // its block into its slice of the output features, so the reduction
     // counts every entry of b once, whichever way y is then scattered.
-    const at::Tensor bm = p_->zero ? gathered(p_->gather_b, bias_, D, kDataParallel)
-                                   : share(p_->broadcast_w, bias_, l.owns_bias, l.dtype, copies(p_->P_x));
+    const at::Tensor bm = p_->zero         ? gathered(p_->gather_b, bias_, D, kDataParallel)
+                          : l.replicated ? bias_
+                                         : share(p_->broadcast_w, bias_, l.owns_bias, l.dtype, copies(p_->P_x));
     const int64_t start = local_start(l.out, M, m);
     partial = partial + at::constant_pad_nd(bm, {start, l.out - start - bm.size(0)});
   }

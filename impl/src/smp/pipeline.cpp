@@ -317,6 +317,14 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   // The gradients partita's distributed layers on this rank held when the
   // step began (dp > 1): the step's own part is divided by dp at its end.
   std::vector<std::pair<at::Tensor, at::Tensor>> distributed_grads_before;
+  // The dp average's buffers per dtype (all_reduce_gradients): the
+  // gradients' flat buffer, what the other replicas sent, the sum.
+  struct GradBuffer {
+    at::Tensor flat;
+    std::vector<at::Tensor> got;
+    at::Tensor sum;
+  };
+  std::map<at::ScalarType, GradBuffer> grad_buffers;
   Clock::time_point step_start;
   bool step_started = false;
 
@@ -877,8 +885,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       distributed_grads_before.clear();
     }
     std::vector<at::Tensor> local;
-    // Not the parameters of partita's distributed layers: they live on some
-    // replicas only, and the layers sum their gradients themselves.
+    // Not the parameters of partita's distributed layers that sum their
+    // copies' gradients themselves (a replicated Linear layer's are here).
     for (int c = 0; c < v; ++c)
       for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
         for (auto& p : detail::replicated_parameters(children[i]))
@@ -886,9 +894,26 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     std::map<at::ScalarType, std::vector<at::Tensor>> groups;
     for (auto& p : local) groups[p.scalar_type()].push_back(p);
     for (auto& [type, params] : groups) {
-      std::vector<at::Tensor> flat;
-      for (auto& p : params) flat.push_back(p.grad().defined() ? p.grad().reshape(-1) : at::zeros({p.numel()}, p.options()));
-      at::Tensor buf = at::cat(flat).contiguous();
+      // The gradients packed into one flat buffer per dtype, kept from step
+      // to step with the receive buffers (nothing is allocated in a step
+      // after the first). Not handed out as the gradients' storage:
+      // LibTorch's zero_grad detaches gradients in place, which a view
+      // cannot be.
+      GradBuffer& g = grad_buffers[type];
+      int64_t total = 0;
+      for (auto& p : params) total += p.numel();
+      if (!g.flat.defined() || g.flat.numel() != total) g = GradBuffer{at::empty({total}, params[0].options()), {}, {}};
+      {
+        at::NoGradGuard no_grad;
+        int64_t at_ = 0;
+        for (auto& p : params) {
+          at::Tensor slice = g.flat.narrow(0, at_, p.numel()).view(p.sizes());
+          at_ += p.numel();
+          if (p.grad().defined()) slice.copy_(p.grad());
+          else slice.zero_();
+        }
+      }
+      at::Tensor& buf = g.flat;
       // Point to point, tagged with the step (a collective left behind by a
       // failed step would match the next step's): every replica sends its
       // gradients to every other and each adds them in dp-rank order, so
@@ -897,18 +922,15 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       const int me = dp_rank(), tag = tag_of(kGrads);
       // (Every replica holds the same parameters: all raise alike.)
       const int count = mpi_units(buf.numel(), "elements", where(0) + ": the dp average of the gradients");
-      InFlight& f = g_step->inflight;
+      if (static_cast<int>(g.got.size()) != dp) g.got.assign(dp, at::Tensor());
       std::vector<MPI_Request> requests;
-      std::vector<at::Tensor> got(dp);
       for (int r = 0; r < dp; ++r) {
         if (r == me) continue;
-        got[r] = at::empty_like(buf);
-        f.tensors.push_back(got[r]);
+        if (!g.got[r].defined()) g.got[r] = at::empty_like(buf);
         MPI_Request q;
-        PARTITA_MPI_CHECK(MPI_Irecv(got[r].data_ptr(), count, grad_datatype(type), r, tag, dpc, &q));
+        PARTITA_MPI_CHECK(MPI_Irecv(g.got[r].data_ptr(), count, grad_datatype(type), r, tag, dpc, &q));
         requests.push_back(q);
       }
-      f.tensors.push_back(buf);
       for (int r = 0; r < dp; ++r) {
         if (r == me) continue;
         MPI_Request q;
@@ -919,19 +941,37 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       try {
         wait_requests(requests, where(0) + ": the dp average of the gradients");
       } catch (...) {
-        f.requests.insert(f.requests.end(), requests.begin(), requests.end());  // abandoned with the step
+        // Abandoned with the step: the requests keep their buffers (MPI
+        // may still read or write them), and the next step allocates new
+        // ones.
+        InFlight& f = g_step->inflight;
+        f.requests.insert(f.requests.end(), requests.begin(), requests.end());
+        f.tensors.push_back(buf);
+        for (auto& t : g.got)
+          if (t.defined()) f.tensors.push_back(t);
+        grad_buffers.erase(type);
         throw;
       }
-      got[me] = buf;
-      at::Tensor sum = got[0].clone();
-      for (int r = 1; r < dp; ++r) sum.add_(got[r]);
-      sum.div_(static_cast<double>(dp));
+      // The sum in dp-rank order, then the mean, copied into the gradients.
+      at::NoGradGuard no_grad;
+      const auto part = [&](int r) -> const at::Tensor& { return r == me ? buf : g.got[r]; };
+      if (dp == 2) {
+        // a + b is b + a in IEEE arithmetic: the sum in place is the
+        // sum in rank order.
+        buf.add_(g.got[1 - me]);
+      } else {
+        if (!g.sum.defined()) g.sum = at::empty_like(buf);
+        at::add_out(g.sum, part(0), part(1));
+        for (int r = 2; r < dp; ++r) g.sum.add_(part(r));
+        buf.copy_(g.sum);
+      }
+      buf.div_(static_cast<double>(dp));
       int64_t at_ = 0;
       for (auto& p : params) {
-        at::Tensor g = sum.narrow(0, at_, p.numel()).view(p.sizes());
+        const at::Tensor mean = buf.narrow(0, at_, p.numel()).view(p.sizes());
         at_ += p.numel();
-        if (p.grad().defined()) p.mutable_grad().copy_(g);
-        else p.mutable_grad() = g.clone();
+        if (p.grad().defined()) p.mutable_grad().copy_(mean);
+        else p.mutable_grad() = mean.clone();
       }
     }
   }

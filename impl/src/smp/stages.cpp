@@ -68,16 +68,18 @@ std::string describe_layer(const std::shared_ptr<torch::nn::Module>& m) {
   for (const auto& sub : m->modules(/*include_self=*/true)) {
     if (sub != m) os << " " << sub->name();
     if (auto d = std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub))
-      os << "(" << d->in_features() << " -> " << d->out_features() << " on "
-         << (d->partition().is_null() ? std::string("none") : d->partition().describe()) << ")";
+      os << "(" << d->in_features() << " -> " << d->out_features() << (d->replicated() ? ", replicated" : "")
+         << " on " << (d->partition().is_null() ? std::string("none") : d->partition().describe()) << ")";
     if (auto e = std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(sub))
       os << "(" << e->vocab() << " x " << e->hidden() << " on " << e->partition().describe() << ")";
   }
-  // (A vocabulary-parallel table's rows differ between tp ranks when the
-  // vocabulary does not divide: it is described by its sizes above.)
+  // (A vocabulary-parallel table's rows, and a replicated Linear layer's
+  // blocks, differ between tp ranks when the sizes do not divide: they are
+  // described by their sizes above.)
   std::set<const void*> sharded;
   for (const auto& sub : m->modules(/*include_self=*/true))
-    if (std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(sub))
+    if (std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(sub) ||
+        std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub))
       for (const auto& p : sub->parameters()) sharded.insert(p.unsafeGetTensorImpl());
   for (const auto& p : replicated_parameters(m)) {
     if (sharded.count(p.unsafeGetTensorImpl())) continue;
@@ -210,11 +212,21 @@ bool holds_distributed_layers(const std::shared_ptr<torch::nn::Module>& m) {
   return false;
 }
 
+namespace {
+// A distributed layer that sums its gradients over its data-parallel copies
+// itself (seed 002's broadcast, ZeRO-3); a replicated one leaves that to the
+// pipeline's average.
+bool sums_its_copies(const std::shared_ptr<torch::nn::Module>& sub) {
+  const auto d = std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub);
+  return d && !d->replicated();
+}
+}  // namespace
+
 std::vector<at::Tensor> distributed_parameters(const std::shared_ptr<torch::nn::Module>& m) {
   std::vector<at::Tensor> out;
   std::set<const void*> seen;
   for (const auto& sub : m->modules(/*include_self=*/true))
-    if (std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub))
+    if (sums_its_copies(sub))
       for (const auto& p : sub->parameters())
         if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
   return out;
@@ -223,7 +235,7 @@ std::vector<at::Tensor> distributed_parameters(const std::shared_ptr<torch::nn::
 std::vector<at::Tensor> replicated_parameters(const std::shared_ptr<torch::nn::Module>& m) {
   std::set<const void*> skip;
   for (const auto& sub : m->modules(/*include_self=*/true))
-    if (std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub))
+    if (sums_its_copies(sub))
       for (const auto& p : sub->parameters()) skip.insert(p.unsafeGetTensorImpl());
   std::vector<at::Tensor> out;
   for (const auto& p : m->parameters())

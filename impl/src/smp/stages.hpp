@@ -35,12 +35,14 @@ Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const 
 // the layer's workers only, and the layer itself sums their gradients over
 // its partition's data-parallel axis (docs/3d.md).
 bool holds_distributed_layers(const std::shared_ptr<torch::nn::Module>& m);
-// The parameters of `m` that every data-parallel replica holds whole: all
-// but those of partita's distributed layers. The pipeline averages these
-// over the dp group after a step.
+// The parameters of `m` that every data-parallel replica holds alike: all
+// but those of partita's distributed layers that sum their gradients over
+// their copies themselves (a replicated Linear layer's blocks are included).
+// The pipeline averages these over the dp group after a step.
 std::vector<at::Tensor> replicated_parameters(const std::shared_ptr<torch::nn::Module>& m);
-// The parameters of partita's distributed layers in `m` on this rank (the
-// blocks it stores; none on a data-parallel copy of a non-ZeRO layer).
+// The parameters of partita's distributed layers in `m` on this rank that
+// the layers sum over their copies (the blocks it stores; none on a
+// data-parallel copy of a non-ZeRO layer; a replicated layer's are not).
 std::vector<at::Tensor> distributed_parameters(const std::shared_ptr<torch::nn::Module>& m);
 
 }  // namespace partita::smp::detail

@@ -48,6 +48,15 @@ namespace partita::nn {
 struct LinearOptions {
   PARTITA_ARG(bool, bias) = true;
   PARTITA_ARG(at::ScalarType, dtype) = at::kFloat;
+  // The all-gather and reduce-scatter layers only (not their ZeRO-3 forms,
+  // nor DistributedLinear): every data-parallel copy holds W's and b's
+  // blocks itself, as torch's DistributedDataParallel keeps one model per
+  // replica. The forward broadcasts nothing and the backward sums nothing
+  // over the copies: each copy's gradient is its own, and whoever trains
+  // the layer averages the gradients over the copies (smp::DistributedModel's
+  // step does; docs/3d.md). The copies start equal: construction and
+  // from_distdl broadcast the first copy's values to the others.
+  PARTITA_ARG(bool, replicated) = false;
 };
 
 namespace detail {
@@ -90,6 +99,9 @@ class DistributedLinearBase : public torch::nn::Module {
   // all-gather layers' P_y, the reduce-scatter layers' P_x: D x ... x 1 x
   // M; DistributedLinear's P_x, P_W and P_y together).
   const mpi::Partition& partition() const;
+  // Built with LinearOptions::replicated: every data-parallel copy holds its
+  // blocks and its own gradients.
+  bool replicated() const;
 
   // The global layer, assembled from every owner's block: collective over
   // the layer's workers, returned on each of them; nullptr elsewhere.
@@ -122,6 +134,9 @@ class DistributedLinearBase : public torch::nn::Module {
   // x that fits (`local_error` empty); one small allreduce.
   void agree_on_input(const std::string& local_error) const;
   std::string check_x(const at::Tensor& x, bool holds, int64_t dims, int64_t features) const;
+  // A replicated layer's copies take the first copy's values (collective
+  // over the layer's workers; nothing to do for the other layers).
+  virtual void sync_copies() {}
 
   std::shared_ptr<const detail::LinearLayout> layout_;
   at::Tensor weight_, bias_;
@@ -158,6 +173,7 @@ class DistributedLinearAllGatherImpl : public DistributedLinearBase {
  protected:
   DistributedLinearAllGatherImpl(bool zero, const mpi::Partition& P_x, const mpi::Partition& P_y,
                                  int64_t in_features, int64_t out_features, LinearOptions options);
+  void sync_copies() override;
 
  private:
   struct Parts;
@@ -186,6 +202,7 @@ class DistributedLinearReduceScatterImpl : public DistributedLinearBase {
  protected:
   DistributedLinearReduceScatterImpl(bool zero, const mpi::Partition& P_x, const mpi::Partition& P_y,
                                      int64_t in_features, int64_t out_features, LinearOptions options);
+  void sync_copies() override;
 
  private:
   struct Parts;
