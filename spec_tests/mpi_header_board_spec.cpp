@@ -26,11 +26,14 @@
 #include <gtest/gtest.h>
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -170,12 +173,36 @@ int smallest_node() {
   return fewest;
 }
 
-// Names of this machine's board segments in /dev/shm (none should last).
+// The pids of this job's processes (collective over the world).
+const std::vector<long>& job_pids() {
+  static std::vector<long> pids;
+  if (pids.empty()) {
+    pids.resize(static_cast<size_t>(size()));
+    long mine = static_cast<long>(getpid());
+    MPI_Request req;
+    EXPECT_EQ(PMPI_Iallgather(&mine, 1, MPI_LONG, pids.data(), 1, MPI_LONG, mpi::world_comm(), &req), MPI_SUCCESS);
+    mpi::wait(req, "every rank's pid");
+  }
+  return pids;
+}
+
+bool shm_name_exists(const std::string& name) {  // name without the leading '/'
+  return access(("/dev/shm/" + name).c_str(), F_OK) == 0;
+}
+
+// Names of board segments in this node's /dev/shm made by this job's
+// processes (a name carries its creator's pid): none should last. Other
+// jobs' names (ctest -j, a job killed earlier) are not this job's to count.
 int board_names() {
+  const std::vector<long>& pids = job_pids();
   int n = 0;
   if (DIR* d = opendir("/dev/shm")) {
-    while (const dirent* e = readdir(d))
-      if (std::strncmp(e->d_name, "partita-board-", 14) == 0) ++n;
+    while (const dirent* e = readdir(d)) {
+      long pid = 0;
+      if (std::sscanf(e->d_name, "partita-board-%ld-", &pid) == 1 &&
+          std::find(pids.begin(), pids.end(), pid) != pids.end())
+        ++n;
+    }
     closedir(d);
   }
   return n;
@@ -303,8 +330,53 @@ TEST(HeaderBoard, AnAbandonedWaitCatchesUp) {
   EXPECT_TRUE(agreed(ok));
 }
 
+// The same at a communicator's first exchange, which sets its board up
+// (two collectives): the node's lowest rank gives up on the setup's wait;
+// its retry must resume that setup, not start another that the late ranks'
+// setup would match with the wrong collective.
+TEST(HeaderBoard, AnAbandonedSetupCatchesUp) {
+  if (smallest_node() < 2) GTEST_SKIP() << "nodes of one rank have no board";
+  const mpi::Partition P = node_partition();  // a new communicator: no board yet
+  const bool gives_up = node_of()[static_cast<size_t>(rank())] == rank();
+  std::vector<Header> got;
+  bool ok = true;
+  if (gives_up) {
+    const testing::ExpectedDeadlineMisses expected;
+    const double before = mpi::deadline();
+    mpi::set_deadline(0.3);
+    bool missed = false;
+    try {
+      exchange_headers(P, drawn(1, rank()), "HeaderBoard test", got);
+    } catch (const DeadlineError&) {
+      missed = true;
+    }
+    mpi::set_deadline(before);
+    EXPECT_TRUE(missed) << "the node's lowest rank should have missed the setup's deadline";
+    exchange_headers(P, drawn(1, rank()), "HeaderBoard test", got);  // call 1 again
+    ok = missed && as_drawn(P, 1, got);
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    exchange_headers(P, drawn(1, rank()), "HeaderBoard test", got);
+    ok = as_drawn(P, 1, got);
+  }
+  EXPECT_TRUE(agreed(ok)) << "the first exchange around an abandoned setup went wrong";
+  for (int call = 2; call <= 12; ++call) {
+    exchange_headers(P, drawn(call, rank()), "HeaderBoard test", got);
+    ok = ok && as_drawn(P, call, got);
+  }
+  ok = ok && has_header_board(P.comm());
+  EXPECT_TRUE(agreed(ok)) << "exchanges after an abandoned setup went wrong (or the board is off)";
+}
+
 TEST(HeaderBoard, BoardsOfFreedPartitionsAreReleased) {
   if (smallest_node() < 2) GTEST_SKIP() << "nodes of one rank have no board";
+  job_pids();
+  // Another job's name (its process alive: this rank's parent, Hydra's
+  // proxy) is not this job's leak.
+  const bool lowest = node_of()[static_cast<size_t>(rank())] == rank();
+  const std::string other = "partita-board-" + std::to_string(static_cast<long>(getppid())) + "-0-0ther0b0";
+  if (lowest) close(shm_open(("/" + other).c_str(), O_CREAT | O_RDWR, 0600));
+  testing::sync_ranks();
   std::vector<Header> got;
   bool ok = true;
   for (int i = 0; i < 30; ++i) {
@@ -325,6 +397,44 @@ TEST(HeaderBoard, BoardsOfFreedPartitionsAreReleased) {
     std::fclose(f);
   }
   EXPECT_LE(mapped, 8) << "boards of freed partitions are still mapped";
+  testing::sync_ranks();
+  if (lowest) shm_unlink(("/" + other).c_str());
+}
+
+// A job that died between creating a segment and unlinking it (killed by
+// the watchdog, say) leaves its name in /dev/shm; the next board made on
+// the node unlinks every name whose creator no longer exists, and no other.
+TEST(HeaderBoard, NamesOfDeadProcessesAreSwept) {
+  if (smallest_node() < 2) GTEST_SKIP() << "nodes of one rank have no board";
+  const bool lowest = node_of()[static_cast<size_t>(rank())] == rank();
+  // A pid no process can have (above the kernel's pid_max), and a live one.
+  long pid_max = 4194304;
+  if (FILE* f = std::fopen("/proc/sys/kernel/pid_max", "r")) {
+    if (std::fscanf(f, "%ld", &pid_max) != 1) pid_max = 4194304;
+    std::fclose(f);
+  }
+  const std::string dead = "partita-board-" + std::to_string(pid_max + 7) + "-3-deadbeef";
+  const std::string alive = "partita-board-" + std::to_string(static_cast<long>(getppid())) + "-3-a11ve000";
+  if (lowest)
+    for (const std::string& n : {dead, alive}) close(shm_open(("/" + n).c_str(), O_CREAT | O_RDWR, 0600));
+  testing::sync_ranks();
+  bool ok = true;
+  if (lowest) ok = shm_name_exists(dead) && shm_name_exists(alive);
+  EXPECT_TRUE(agreed(ok)) << "could not make the test's names";
+  // A new partition of the node: its first exchange makes a board.
+  const mpi::Partition P = node_partition();
+  std::vector<Header> got;
+  exchange_headers(P, drawn(1, rank()), "HeaderBoard test", got);
+  ok = as_drawn(P, 1, got) && has_header_board(P.comm());
+  testing::sync_ranks();
+  if (lowest) {
+    EXPECT_FALSE(shm_name_exists(dead)) << "the name of a process that no longer exists was left";
+    EXPECT_TRUE(shm_name_exists(alive)) << "the name of a live process was unlinked";
+    ok = ok && !shm_name_exists(dead) && shm_name_exists(alive);
+    shm_unlink(("/" + dead).c_str());
+    shm_unlink(("/" + alive).c_str());
+  }
+  EXPECT_TRUE(agreed(ok));
 }
 
 }  // namespace

@@ -1,8 +1,12 @@
 #include "detail/header_board.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <atomic>
 #include <cstdint>
@@ -42,6 +46,18 @@ struct Board {
   uint64_t posted = 0;    // the last call whose block this rank wrote
   uint64_t complete = 0;  // the last call whose blocks it read from every rank
   bool on = false;
+  // The setup (make_board, finish_setup): its two collectives, their
+  // buffers and the request in flight live here, attached to the
+  // communicator before the first wait, so that a wait given up (a
+  // deadline) leaves them to MPI and the next exchange resumes the same
+  // collective instead of starting another.
+  enum Stage { kName, kMapped, kReady };
+  Stage stage = kName;
+  MPI_Request request = MPI_REQUEST_NULL;
+  char name[96] = {0};
+  int mapped = 0, all_mapped = 0;
+  void* mapping = MAP_FAILED;
+  bool allowed = false;
   Slot& slot(uint64_t call, int r) const { return slots[(call & 1) * static_cast<uint64_t>(size) + r]; }
 };
 
@@ -61,6 +77,14 @@ thread_local Last t_last;
 int delete_board(MPI_Comm, int, void* value, void*) {
   g_frees.fetch_add(1, std::memory_order_acq_rel);
   auto* b = static_cast<Board*>(value);
+  if (b->stage != Board::kReady) {
+    if (b->rank == 0 && b->name[0]) shm_unlink(b->name);
+    if (b->mapping != MAP_FAILED) munmap(b->mapping, b->length);
+    b->mapping = MAP_FAILED;
+    // A setup collective still in flight may write into the board: left
+    // to MPI (a few hundred bytes, once per abandoned setup).
+    if (b->request != MPI_REQUEST_NULL) return MPI_SUCCESS;
+  }
   if (b->slots) munmap(b->slots, b->length);
   delete b;
   return MPI_SUCCESS;
@@ -87,6 +111,27 @@ void fresh_name(char* name, size_t size) {
                 count.fetch_add(1), static_cast<unsigned>(rd()));
 }
 
+// The names a process left behind when it died between creating its
+// segment and unlinking it (the watchdog's abort, a kill): a name carries
+// its creator's pid, and a name whose process no longer exists (kill(pid,
+// 0) fails with ESRCH) is unlinked. Run by every board's rank 0 before it
+// makes its own. (Where /dev/shm is shared by processes in several pid
+// namespaces, a live creator may look dead: its board's late members then
+// find no segment and that communicator takes the MPI path.)
+void sweep_names_of_dead_processes() {
+  DIR* d = opendir("/dev/shm");
+  if (!d) return;
+  while (const dirent* e = readdir(d)) {
+    long pid = 0;
+    if (std::sscanf(e->d_name, "partita-board-%ld-", &pid) != 1 || pid <= 0) continue;
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    char name[300];
+    std::snprintf(name, sizeof name, "/%s", e->d_name);
+    shm_unlink(name);
+  }
+  closedir(d);
+}
+
 // Collective over `comm` (its first exchange): rank 0 makes the segment and
 // names it to the others, which map it; the board is on only if every rank
 // allows boards and mapped it. A rank on another node than rank 0 finds no
@@ -94,20 +139,21 @@ void fresh_name(char* name, size_t size) {
 // that spans nodes falls back to MPI with no test of its own. Rank 0
 // unlinks the name once everyone has mapped it: nothing is left in
 // /dev/shm, even if a process dies later. Two collectives under the
-// waiting policy (mpi::call, mpi::all_true): blocking ones would spin in MPICH where
-// ranks outnumber cores, which made the property suites at 16 ranks on 2
-// cores four times slower in a first version.
-Board* make_board(MPI_Comm comm, const char* what) {
+// waiting policy: blocking ones would spin in MPICH where ranks outnumber
+// cores, which made the property suites at 16 ranks on 2 cores four times
+// slower in a first version. make_board attaches the board and makes the
+// segment; finish_setup runs the collectives, and runs again from where a
+// given-up wait left it.
+Board* make_board(MPI_Comm comm) {
   auto b = std::make_unique<Board>();
   MPI_Comm_rank(comm, &b->rank);
   MPI_Comm_size(comm, &b->size);
-  const bool allowed = g_allowed.load() && b->size >= 2;
+  b->allowed = g_allowed.load() && b->size >= 2;
   b->length = 2 * static_cast<size_t>(b->size) * sizeof(Slot);
-  char name[96] = {0};
-  int fd = -1;
-  if (b->rank == 0 && allowed) {
-    fresh_name(name, sizeof name);
-    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (b->rank == 0 && b->allowed) {
+    sweep_names_of_dead_processes();
+    fresh_name(b->name, sizeof b->name);
+    int fd = shm_open(b->name, O_CREAT | O_EXCL | O_RDWR, 0600);
     // Zero-filled (seq 0), and its pages reserved now: in a full or small
     // /dev/shm ftruncate alone succeeds and the first write into the
     // mapping dies of SIGBUS, where posix_fallocate fails (ENOSPC) and the
@@ -115,42 +161,71 @@ Board* make_board(MPI_Comm comm, const char* what) {
     if (fd >= 0 && (ftruncate(fd, static_cast<off_t>(b->length)) != 0 ||
                     posix_fallocate(fd, 0, static_cast<off_t>(b->length)) != 0)) {
       close(fd);
-      shm_unlink(name);
+      shm_unlink(b->name);
       fd = -1;
     }
-    if (fd < 0) name[0] = '\0';
-  }
-  // Whatever happens (a wait given up below), rank 0 unlinks the name and a
-  // rank that mapped the segment but has no board unmaps it.
-  void* p = MAP_FAILED;
-  struct Cleanup {
-    const char* name;
-    bool unlink;
-    void*& p;
-    size_t length;
-    bool keep = false;
-    ~Cleanup() {
-      if (unlink) shm_unlink(name);
-      if (!keep && p != MAP_FAILED) munmap(p, length);
-    }
-  } cleanup{name, b->rank == 0 && name[0] != '\0', p, b->length};
-  call(
-      what, [&] { PARTITA_MPI_CHECK(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, comm)); },
-      [&](MPI_Request* req) { PARTITA_MPI_CHECK(MPI_Ibcast(name, sizeof name, MPI_CHAR, 0, comm, req)); });
-  if (name[0] && allowed) {
-    if (b->rank != 0) fd = shm_open(name, O_RDWR, 0);
     if (fd >= 0) {
-      p = mmap(nullptr, b->length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      b->mapping = mmap(nullptr, b->length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       close(fd);
     }
-  }
-  if (all_true(p != MAP_FAILED, comm)) {
-    b->slots = static_cast<Slot*>(p);
-    b->on = true;
-    cleanup.keep = true;
+    if (fd < 0 || b->mapping == MAP_FAILED) {
+      if (fd >= 0) shm_unlink(b->name);
+      b->name[0] = '\0';
+    }
   }
   PARTITA_MPI_CHECK(MPI_Comm_set_attr(comm, g_keyval, b.get()));
   return b.release();
+}
+
+// One setup collective, resumable: posted once (its request kept in the
+// board), then waited for; a wait given up throws and leaves the request
+// for the next call to wait for again. Where waits block (no deadline)
+// the blocking form runs, as mpi::call would.
+template <typename Blocking, typename Post>
+void setup_step(Board& b, const char* what, Blocking&& blocking, Post&& post) {
+  if (b.request == MPI_REQUEST_NULL) {
+    if (blocking_waits()) {
+      const WatchedCall watched(what);
+      blocking();
+      return;
+    }
+    post(&b.request);
+  }
+  wait(b.request, what);
+}
+
+void finish_setup(Board& b, MPI_Comm comm, const char* what) {
+  if (b.stage == Board::kName) {
+    setup_step(
+        b, what, [&] { PARTITA_MPI_CHECK(MPI_Bcast(b.name, sizeof b.name, MPI_CHAR, 0, comm)); },
+        [&](MPI_Request* req) { PARTITA_MPI_CHECK(MPI_Ibcast(b.name, sizeof b.name, MPI_CHAR, 0, comm, req)); });
+    if (b.rank != 0 && b.name[0] && b.allowed) {
+      const int fd = shm_open(b.name, O_RDWR, 0);
+      if (fd >= 0) {
+        b.mapping = mmap(nullptr, b.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+      }
+    }
+    b.mapped = b.mapping != MAP_FAILED ? 1 : 0;
+    b.stage = Board::kMapped;
+  }
+  if (b.stage == Board::kMapped) {
+    setup_step(
+        b, what,
+        [&] { PARTITA_MPI_CHECK(MPI_Allreduce(&b.mapped, &b.all_mapped, 1, MPI_INT, MPI_LAND, comm)); },
+        [&](MPI_Request* req) {
+          PARTITA_MPI_CHECK(MPI_Iallreduce(&b.mapped, &b.all_mapped, 1, MPI_INT, MPI_LAND, comm, req));
+        });
+    if (b.rank == 0 && b.name[0]) shm_unlink(b.name);
+    if (b.all_mapped) {
+      b.slots = static_cast<Slot*>(b.mapping);
+      b.on = true;
+    } else if (b.mapping != MAP_FAILED) {
+      munmap(b.mapping, b.length);
+    }
+    b.mapping = MAP_FAILED;
+    b.stage = Board::kReady;
+  }
 }
 
 uint64_t seq_of(const Slot& s) { return __atomic_load_n(&s.seq, __ATOMIC_ACQUIRE); }
@@ -197,7 +272,8 @@ Board* board_of(MPI_Comm comm) {
 bool board_allgather(MPI_Comm comm, const void* mine, size_t bytes, void* all, const char* what) {
   if (bytes > kBoardBlockBytes) return false;
   Board* b = board_of(comm);
-  if (!b) b = make_board(comm, what);
+  if (!b) b = make_board(comm);
+  if (b->stage != Board::kReady) finish_setup(*b, comm, what);
   if (!b->on) return false;
   const uint64_t call = b->posted + 1;
   // This call's row holds call-2's blocks, which may be overwritten once
