@@ -1145,6 +1145,13 @@ std::vector<std::pair<std::string, at::Tensor>> DistributedModel::named_paramete
   return out;
 }
 
+std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> DistributedModel::named_layers() const {
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> out;
+  for (int k : local_stages())
+    for (int i = impl_->bounds[k]; i < impl_->bounds[k + 1]; ++i) out.emplace_back(impl_->names[i], impl_->children[i]);
+  return out;
+}
+
 // --- smp::step's side -----------------------------------------------------------
 
 namespace {

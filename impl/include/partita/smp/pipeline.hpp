@@ -182,6 +182,9 @@ class DistributedModel {
   // the rank's first chunk's.
   std::vector<at::Tensor> parameters() const;
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
+  // This rank's layers, every chunk's, under their names in the model ("3",
+  // "blocks.0"): what smp::save_checkpoint walks.
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> named_layers() const;
   const PipelineStats& stats() const;
 
   struct Impl;

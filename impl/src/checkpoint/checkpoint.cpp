@@ -1,0 +1,525 @@
+// partita::checkpoint (checkpoint.hpp; docs/checkpoints.md).
+//
+// Every rank learns every rank's pieces (one all-gather of descriptions),
+// so every check below runs on the same data everywhere and raises the same
+// error on every rank. The data move through one collective MPI-IO call
+// per rank: the file view is a struct of subarray types (one per piece, at
+// its tensor's offset), the memory side a struct of the pieces' addresses.
+#include "partita/checkpoint.hpp"
+
+#include "agree.hpp"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "partita/json.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/safetensors.hpp"
+#include "partita/tiling.hpp"
+
+namespace partita::checkpoint {
+
+namespace fs = std::filesystem;
+
+void detail::agree(const std::string& error, const std::string& dir) {
+  const auto all = mpi::allgather_strings(error, mpi::world_comm());
+  for (size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty()) throw CheckpointError(dir + ": rank " + std::to_string(r) + ": " + all[r]);
+}
+
+namespace {
+
+using detail::agree;
+
+constexpr const char* kDataFile = "model.safetensors";
+constexpr const char* kManifest = "manifest.json";
+
+std::string dtype_of(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return "F64";
+    case at::kFloat: return "F32";
+    case at::kHalf: return "F16";
+    case at::kBFloat16: return "BF16";
+    case at::kLong: return "I64";
+    case at::kInt: return "I32";
+    case at::kShort: return "I16";
+    case at::kChar: return "I8";
+    case at::kByte: return "U8";
+    case at::kBool: return "BOOL";
+    default: return "";
+  }
+}
+
+std::string clean(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+// One rank's piece as every rank sees it.
+struct Piece {
+  int rank = 0;
+  std::string name, dtype;
+  Shape global, start, len;
+  bool holds() const { return volume(len) > 0; }
+};
+
+json::Value describe(const Piece& p) { return {p.name, p.dtype, p.global, p.start, p.len}; }
+
+Piece piece_of(const json::Value& v, int rank) {
+  Piece p;
+  p.rank = rank;
+  p.name = v[0].get<std::string>();
+  p.dtype = v[1].get<std::string>();
+  p.global = v[2].get<Shape>();
+  p.start = v[3].get<Shape>();
+  p.len = v[4].get<Shape>();
+  return p;
+}
+
+// This rank's pieces, checked on their own. Throws CheckpointError.
+std::vector<Piece> local_pieces(const std::vector<Shard>& shards) {
+  std::vector<Piece> out;
+  std::set<std::string> names;
+  for (const Shard& s : shards) {
+    const std::string what = "\"" + s.name + "\"";
+    if (s.name.empty() || s.name == "__metadata__") throw CheckpointError("a tensor may not be named " + what);
+    if (!names.insert(s.name).second) throw CheckpointError(what + " is passed twice by one rank");
+    if (!s.local.defined()) continue;  // holds nothing
+    Piece p;
+    p.rank = mpi::world_rank();
+    p.name = s.name;
+    p.dtype = dtype_of(s.local.scalar_type());
+    if (p.dtype.empty())
+      throw CheckpointError(what + ": safetensors has no dtype for " + std::string(c10::toString(s.local.scalar_type())));
+    p.global = s.global;
+    p.start = s.start;
+    p.len = Shape(s.local.sizes().begin(), s.local.sizes().end());
+    if (p.start.size() != p.global.size() || p.len.size() != p.global.size())
+      throw CheckpointError(what + ": a " + std::to_string(p.len.size()) + "-dimensional piece starting at " +
+                            shape_string(p.start) + " of a global shape " + shape_string(p.global));
+    for (size_t d = 0; d < p.global.size(); ++d)
+      if (p.global[d] < 0 || p.start[d] < 0 || p.start[d] + p.len[d] > p.global[d])
+        throw CheckpointError(what + ": the piece " + shape_string(p.len) + " at " + shape_string(p.start) +
+                              " is not inside the global shape " + shape_string(p.global));
+    out.push_back(p);
+  }
+  return out;
+}
+
+// Every rank's pieces and counters (or, where a rank failed on its own,
+// every rank raises that rank's message: the lowest failing rank's). The
+// counters are merged; one name with two values is refused.
+std::vector<Piece> gather_pieces(const std::vector<Shard>& shards, std::map<std::string, int64_t>* counters,
+                                 const std::string& dir) {
+  json::Value mine = {{"pieces", json::Value::array()}, {"counters", json::Value::object()}};
+  std::string error;
+  try {
+    for (const Piece& p : local_pieces(shards)) mine["pieces"].push_back(describe(p));
+    if (counters)
+      for (const auto& [k, v] : *counters) mine["counters"][k] = v;
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const std::string text = error.empty() ? mine.dump() : "!" + error;
+  const auto all = mpi::allgather_strings(text, mpi::world_comm());
+  std::vector<Piece> out;
+  std::map<std::string, std::pair<int64_t, size_t>> merged;  // value, first rank
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty() && all[r][0] == '!')
+      throw CheckpointError(dir + ": rank " + std::to_string(r) + ": " + all[r].substr(1));
+    const json::Value v = json::parse(all[r], "pieces");
+    for (const auto& p : v["pieces"]) out.push_back(piece_of(p, static_cast<int>(r)));
+    for (const auto& [k, c] : v["counters"].items()) {
+      const auto [it, fresh] = merged.try_emplace(k, c.get<int64_t>(), r);
+      if (!fresh && it->second.first != c.get<int64_t>())
+        throw CheckpointError(dir + ": the counter \"" + k + "\" is " + std::to_string(it->second.first) + " on rank " +
+                              std::to_string(it->second.second) + " and " + c.dump() + " on rank " + std::to_string(r));
+    }
+  }
+  if (counters) {
+    counters->clear();
+    for (const auto& [k, v] : merged) (*counters)[k] = v.first;
+  }
+  return out;
+}
+
+std::string mpi_error(int code, const std::string& what) {
+  char text[MPI_MAX_ERROR_STRING];
+  int n = 0;
+  MPI_Error_string(code, text, &n);
+  return what + ": " + std::string(text, n);
+}
+
+void fsync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) throw CheckpointError("cannot open " + p.string() + " to flush it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw CheckpointError("cannot flush " + p.string() + ": " + std::strerror(errno));
+}
+
+// A piece's place in the file and in memory, for the MPI-IO types.
+struct Span {
+  int64_t offset;  // the tensor's first byte in the file
+  int64_t element;
+  Shape global, start, len;
+  void* data;
+};
+
+int as_int(int64_t v, const std::string& what) {
+  if (v > INT_MAX) throw CheckpointError(what + " has " + std::to_string(v) + " elements, more than MPI's INT_MAX");
+  return static_cast<int>(v);
+}
+
+struct Types {
+  MPI_Datatype file = MPI_BYTE, memory = MPI_BYTE;
+  std::vector<MPI_Datatype> owned;
+  int count = 0;
+  ~Types() {
+    for (auto& t : owned) MPI_Type_free(&t);
+  }
+};
+
+// The file view and the memory type of `transfers` (sorted by offset).
+void build_types(const std::vector<Span>& transfers, Types& types, const std::string& what) {
+  if (transfers.empty()) return;
+  std::vector<int> ones(transfers.size(), 1), counts;
+  std::vector<MPI_Aint> file_at, memory_at;
+  std::vector<MPI_Datatype> file_types, memory_types;
+  for (const Span& t : transfers) {
+    MPI_Datatype element, box;
+    MPI_Type_contiguous(static_cast<int>(t.element), MPI_BYTE, &element);
+    types.owned.push_back(element);
+    if (t.global.empty()) {
+      box = element;
+    } else {
+      std::vector<int> sizes, subsizes, starts;
+      for (size_t d = 0; d < t.global.size(); ++d) {
+        sizes.push_back(as_int(t.global[d], what));
+        subsizes.push_back(static_cast<int>(t.len[d]));
+        starts.push_back(static_cast<int>(t.start[d]));
+      }
+      MPI_Type_create_subarray(static_cast<int>(sizes.size()), sizes.data(), subsizes.data(), starts.data(),
+                               MPI_ORDER_C, element, &box);
+      types.owned.push_back(box);
+    }
+    file_types.push_back(box);
+    file_at.push_back(static_cast<MPI_Aint>(t.offset));
+    MPI_Aint address;
+    MPI_Get_address(t.data, &address);
+    memory_at.push_back(address);
+    memory_types.push_back(element);
+    counts.push_back(as_int(volume(t.len), what));
+  }
+  const int n = static_cast<int>(transfers.size());
+  MPI_Type_create_struct(n, ones.data(), file_at.data(), file_types.data(), &types.file);
+  types.owned.push_back(types.file);
+  MPI_Type_create_struct(n, counts.data(), memory_at.data(), memory_types.data(), &types.memory);
+  types.owned.push_back(types.memory);
+  MPI_Type_commit(&types.file);
+  MPI_Type_commit(&types.memory);
+  types.count = 1;
+}
+
+// One collective read or write of `transfers` through `path`.
+std::string move_data(const std::string& path, std::vector<Span> transfers, bool write, const std::string& dir) {
+  std::sort(transfers.begin(), transfers.end(), [](const Span& a, const Span& b) { return a.offset < b.offset; });
+  std::string error;
+  Types types;
+  try {
+    build_types(transfers, types, dir);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error, dir);
+  MPI_File fh;
+  int rc = MPI_File_open(mpi::world_comm(), path.c_str(), write ? MPI_MODE_WRONLY : MPI_MODE_RDONLY, MPI_INFO_NULL, &fh);
+  agree(rc == MPI_SUCCESS ? "" : mpi_error(rc, "cannot open " + path), dir);
+  rc = MPI_File_set_view(fh, 0, MPI_BYTE, types.file, "native", MPI_INFO_NULL);
+  if (rc == MPI_SUCCESS) {
+    MPI_Status status;
+    rc = write ? MPI_File_write_all(fh, MPI_BOTTOM, types.count, types.memory, &status)
+               : MPI_File_read_all(fh, MPI_BOTTOM, types.count, types.memory, &status);
+    if (rc == MPI_SUCCESS && types.count) {
+      int got = 0;
+      MPI_Get_count(&status, types.memory, &got);
+      if (got != types.count) error = std::string(write ? "wrote" : "read") + " less than its pieces from " + path;
+    }
+    if (rc == MPI_SUCCESS && write) rc = MPI_File_sync(fh);
+  }
+  if (rc != MPI_SUCCESS && error.empty()) error = mpi_error(rc, std::string(write ? "writing " : "reading ") + path);
+  const int closed = MPI_File_close(&fh);
+  if (closed != MPI_SUCCESS && error.empty()) error = mpi_error(closed, "closing " + path);
+  return error;
+}
+
+// What rank 0 read of a checkpoint, the same on every rank.
+struct Read {
+  json::Value manifest;
+  safetensors::Header header;
+  Contents contents;
+};
+
+std::string read_file(const fs::path& p, int64_t limit) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw CheckpointError("cannot open " + p.string());
+  std::string s;
+  s.resize(static_cast<size_t>(limit));
+  in.read(s.data(), limit);
+  s.resize(static_cast<size_t>(in.gcount()));
+  return s;
+}
+
+// Rank 0 reads the manifest and the file's header; every rank parses
+// them (so every rank raises the same error).
+Read read_checkpoint(const std::string& dir) {
+  json::Value blob = json::Value::object();
+  if (mpi::world_rank() == 0) {
+    try {
+      const fs::path d(dir);
+      if (!fs::is_directory(d)) throw CheckpointError("no such checkpoint directory");
+      if (!fs::exists(d / kManifest)) throw CheckpointError("no " + std::string(kManifest));
+      blob["manifest"] = read_file(d / kManifest, 1 << 26);
+      const fs::path data = d / kDataFile;
+      if (!fs::exists(data)) throw CheckpointError("no " + std::string(kDataFile));
+      const auto size = static_cast<int64_t>(fs::file_size(data));
+      const std::string first8 = read_file(data, 8);
+      const int64_t n = safetensors::header_length(first8, size, kDataFile);
+      blob["size"] = size;
+      blob["header"] = read_file(data, 8 + n).substr(8);
+    } catch (const std::exception& e) {
+      blob = {{"error", e.what()}};
+    }
+  }
+  // The blob travels as text: rank 0's in the all-gather, the others empty.
+  const auto all = mpi::allgather_strings(mpi::world_rank() == 0 ? blob.dump() : std::string(), mpi::world_comm());
+  Read r;
+  try {
+    blob = json::parse(all[0], "checkpoint");
+    if (blob.contains("error")) throw CheckpointError(blob["error"].get<std::string>());
+    r.manifest = json::parse(blob["manifest"].get<std::string>(), kManifest);
+    const json::Value& m = r.manifest;
+    if (!m.is_object() || m.value("format", "") != "partita checkpoint")
+      throw CheckpointError(std::string(kManifest) + " is not a partita checkpoint's manifest");
+    if (!m.contains("version") || !m["version"].is_number_integer() || m["version"].get<int64_t>() != kFormatVersion)
+      throw CheckpointError(std::string(kManifest) + ": format version " + (m.contains("version") ? m["version"].dump() : "missing") +
+                            "; this build reads version " + std::to_string(kFormatVersion) + " only");
+    r.header = safetensors::parse_header(blob["header"].get<std::string>(), blob["size"].get<int64_t>(), kDataFile);
+    // The manifest's tensors must be the file's.
+    std::map<std::string, const safetensors::Entry*> in_file;
+    for (const auto& e : r.header.tensors) in_file[e.name] = &e;
+    std::set<std::string> listed;
+    for (const auto& t : m.at("tensors")) {
+      Contents::Tensor c{t.at("name").get<std::string>(), t.at("dtype").get<std::string>(), t.at("shape").get<Shape>()};
+      const auto it = in_file.find(c.name);
+      if (it == in_file.end())
+        throw CheckpointError(std::string(kManifest) + " lists \"" + c.name + "\", which " + kDataFile + " does not hold");
+      if (it->second->dtype != c.dtype || it->second->shape != c.shape)
+        throw CheckpointError("\"" + c.name + "\" is " + c.dtype + " " + shape_string(c.shape) + " in " + kManifest +
+                              " but " + it->second->dtype + " " + shape_string(it->second->shape) + " in " + kDataFile);
+      listed.insert(c.name);
+      r.contents.tensors.push_back(c);
+    }
+    for (const auto& e : r.header.tensors)
+      if (!listed.count(e.name))
+        throw CheckpointError(std::string(kDataFile) + " holds \"" + e.name + "\", which " + kManifest + " does not list");
+    for (const auto& [k, v] : m.at("counters").items()) r.contents.info.counters[k] = v.get<int64_t>();
+    r.contents.info.layout = m.value("layout", "");
+    r.contents.saved_by = m.value("world_size", 0);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(dir + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw CheckpointError(dir + ": " + std::string(kManifest) + ": " + e.what());
+  }
+  return r;
+}
+
+}  // namespace
+
+Shard whole(std::string name, const at::Tensor& t) {
+  return Shard{std::move(name), t, Shape(t.sizes().begin(), t.sizes().end()), Shape(static_cast<size_t>(t.dim()), 0)};
+}
+
+Shard block(std::string name, const at::Tensor& local, const Shape& global, const mpi::Partition& P) {
+  Shard s{std::move(name), local, global, Shape(global.size(), 0)};
+  if (P.is_null() || !P.active()) {
+    s.local = at::Tensor();
+    return s;
+  }
+  const Shape grid = padded_shape(P.shape(), global.size());
+  const Index at_ = unravel(P.rank(), grid);
+  for (size_t d = 0; d < global.size(); ++d) s.start[d] = local_start(global[d], grid[d], at_[d]);
+  return s;
+}
+
+void save(const std::string& dir_in, const std::vector<Shard>& shards, const Info& info) {
+  const std::string dir = clean(dir_in);
+  std::map<std::string, int64_t> counters = info.counters;
+  const std::vector<Piece> pieces = gather_pieces(shards, &counters, dir);
+
+  // The global tensors: each name's dtype and shape, and who writes what.
+  struct Global {
+    std::string dtype;
+    Shape shape;
+    std::vector<const Piece*> boxes;  // distinct, each written by its lowest holder
+  };
+  std::map<std::string, Global> globals;
+  for (const Piece& p : pieces) {
+    auto [it, fresh] = globals.try_emplace(p.name, Global{p.dtype, p.global, {}});
+    Global& g = it->second;
+    if (!fresh && (g.dtype != p.dtype || g.shape != p.global))
+      throw CheckpointError(dir + ": \"" + p.name + "\" is " + g.dtype + " " + shape_string(g.shape) + " on one rank and " +
+                            p.dtype + " " + shape_string(p.global) + " on rank " + std::to_string(p.rank));
+    if (!p.holds()) continue;
+    bool same = false;
+    for (const Piece* q : g.boxes) {
+      if (q->start == p.start && q->len == p.len) {
+        same = true;
+        break;
+      }
+      if (!intersect(Box{q->start, q->len}, Box{p.start, p.len}).empty())
+        throw CheckpointError(dir + ": \"" + p.name + "\": rank " + std::to_string(q->rank) + "'s piece " +
+                              box_string(Box{q->start, q->len}) + " and rank " + std::to_string(p.rank) + "'s " +
+                              box_string(Box{p.start, p.len}) + " overlap without being the same piece");
+    }
+    if (!same) g.boxes.push_back(&p);
+  }
+  std::vector<safetensors::Entry> entries;
+  for (auto& [name, g] : globals) {
+    int64_t covered = 0;
+    for (const Piece* q : g.boxes) covered += volume(q->len);
+    if (covered != volume(g.shape))
+      throw CheckpointError(dir + ": \"" + name + "\": the pieces cover " + std::to_string(covered) + " of the " +
+                            std::to_string(volume(g.shape)) + " elements of " + shape_string(g.shape));
+    entries.push_back(safetensors::Entry{name, g.dtype, g.shape, 0, 0});
+  }
+  const std::string prefix = safetensors::format_header(entries, {{"format", "pt"}, {"partita_checkpoint", std::to_string(kFormatVersion)}});
+  const int64_t data_start = static_cast<int64_t>(prefix.size());
+
+  // The directory, under its temporary name.
+  const fs::path final_dir(dir), partial(dir + ".partial");
+  std::string error;
+  if (mpi::world_rank() == 0) {
+    try {
+      if (fs::exists(final_dir)) throw CheckpointError("already exists (a checkpoint is never overwritten)");
+      fs::remove_all(partial);
+      fs::create_directories(partial);
+      std::ofstream out(partial / kDataFile, std::ios::binary);
+      out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
+      out.close();
+      if (!out) throw CheckpointError("cannot write " + (partial / kDataFile).string());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(error, dir);
+
+  // Each rank's pieces that it writes.
+  std::map<std::string, int64_t> offset_of;
+  for (const auto& e : entries) offset_of[e.name] = data_start + e.begin;
+  std::vector<Span> mine;
+  const int me = mpi::world_rank();
+  std::vector<at::Tensor> keep;  // contiguous copies of non-contiguous pieces
+  for (const Shard& s : shards) {
+    if (!s.local.defined() || s.local.numel() == 0) continue;
+    const Global& g = globals.at(s.name);
+    bool writer = false;
+    for (const Piece* q : g.boxes) writer |= q->rank == me && q->start == s.start;
+    if (!writer) continue;
+    keep.push_back(s.local.detach().contiguous());
+    mine.push_back(Span{offset_of.at(s.name), static_cast<int64_t>(keep.back().element_size()), g.shape, s.start,
+                            Shape(s.local.sizes().begin(), s.local.sizes().end()), keep.back().data_ptr()});
+  }
+  agree(move_data((partial / kDataFile).string(), mine, /*write=*/true, dir), dir);
+
+  // The manifest, then one rename makes the checkpoint visible.
+  if (me == 0) {
+    try {
+      json::Value m = json::Value::object();
+      m["format"] = "partita checkpoint";
+      m["version"] = kFormatVersion;
+      m["file"] = kDataFile;
+      m["world_size"] = mpi::world_size();
+      m["layout"] = info.layout;
+      m["counters"] = json::Value::object();
+      for (const auto& [k, v] : counters) m["counters"][k] = v;
+      m["tensors"] = json::Value::array();
+      for (const auto& e : entries) m["tensors"].push_back({{"name", e.name}, {"dtype", e.dtype}, {"shape", e.shape}});
+      {
+        std::ofstream out(partial / kManifest);
+        out << m.dump(1) << "\n";
+        out.close();
+        if (!out) throw CheckpointError("cannot write " + (partial / kManifest).string());
+      }
+      fsync_path(partial / kManifest);
+      fsync_path(partial);
+      fs::rename(partial, final_dir);
+      const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
+      fsync_path(parent);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(error, dir);
+}
+
+Contents contents(const std::string& dir) { return read_checkpoint(clean(dir)).contents; }
+
+Info load(const std::string& dir_in, const std::vector<Shard>& shards, const LoadOptions& options) {
+  const std::string dir = clean(dir_in);
+  const Read r = read_checkpoint(dir);
+  const std::vector<Piece> pieces = gather_pieces(shards, nullptr, dir);
+  std::map<std::string, const safetensors::Entry*> in_file;
+  for (const auto& e : r.header.tensors) in_file[e.name] = &e;
+  std::set<std::string> asked;
+  for (const Piece& p : pieces) {
+    const std::string what = dir + ": \"" + p.name + "\"";
+    const auto it = in_file.find(p.name);
+    if (it == in_file.end())
+      throw CheckpointError(what + " (asked for by rank " + std::to_string(p.rank) + ") is not in the checkpoint");
+    const safetensors::Entry& e = *it->second;
+    if (e.dtype != p.dtype)
+      throw CheckpointError(what + " is " + e.dtype + " in the checkpoint, " + p.dtype + " on rank " +
+                            std::to_string(p.rank) + " (a checkpoint is never cast)");
+    if (e.shape != p.global)
+      throw CheckpointError(what + " has the global shape " + shape_string(e.shape) + " in the checkpoint, " +
+                            shape_string(p.global) + " on rank " + std::to_string(p.rank));
+    asked.insert(p.name);
+  }
+  if (!options.partial)
+    for (const auto& e : r.header.tensors)
+      if (!asked.count(e.name) &&
+          (options.unread_prefix.empty() || e.name.compare(0, options.unread_prefix.size(), options.unread_prefix) != 0))
+        throw CheckpointError(dir + ": the checkpoint holds \"" + e.name +
+                              "\", which no rank asked for");
+
+  std::vector<Span> mine;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (staging, destination)
+  for (const Shard& s : shards) {
+    if (!s.local.defined() || s.local.numel() == 0) continue;
+    const safetensors::Entry& e = *in_file.at(s.name);
+    at::Tensor into = s.local;
+    if (!into.is_contiguous()) {
+      into = at::empty(s.local.sizes(), s.local.options().requires_grad(false));
+      copy_back.emplace_back(into, s.local);
+    }
+    mine.push_back(Span{r.header.data_start + e.begin, static_cast<int64_t>(into.element_size()), e.shape, s.start,
+                            Shape(s.local.sizes().begin(), s.local.sizes().end()), into.data_ptr()});
+  }
+  agree(move_data((fs::path(dir) / kDataFile).string(), mine, /*write=*/false, dir), dir);
+  at::NoGradGuard no_grad;
+  for (auto& [staging, destination] : copy_back) destination.copy_(staging);
+  return r.contents.info;
+}
+
+}  // namespace partita::checkpoint

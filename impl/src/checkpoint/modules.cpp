@@ -1,0 +1,226 @@
+// Modules and optimizers as checkpoint shards (checkpoint.hpp;
+// docs/checkpoints.md, "What a module saves").
+#include <torch/nn/module.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <functional>
+#include <set>
+
+#include "partita/checkpoint.hpp"
+
+#include "agree.hpp"
+#include "partita/nn/dropout.hpp"
+#include "partita/nn/linear.hpp"
+#include "partita/nn/vocab_parallel.hpp"
+
+namespace partita::checkpoint {
+
+namespace {
+
+std::string join(const std::string& a, const std::string& b) {
+  if (a.empty()) return b;
+  if (b.empty()) return a;
+  return a + "." + b;
+}
+
+// One parameter's shard: partita's distributed layers hold a block of the
+// global tensor, every other module its whole tensor.
+Shard parameter_shard(const std::string& name, const std::string& own, const at::Tensor& p,
+                      const std::shared_ptr<torch::nn::Module>& m) {
+  const Shape local(p.sizes().begin(), p.sizes().end());
+  if (auto d = std::dynamic_pointer_cast<nn::DistributedLinearBase>(m)) {
+    if (own == "weight" || own == "bias") {
+      Shard s{name, p, {}, {}};
+      if (own == "weight") {
+        const auto [r0, rn, c0, cn] = d->weight_block();
+        s.global = {d->out_features(), d->in_features()};
+        s.start = {r0, c0};
+        if (local != Shape{rn, cn})
+          throw CheckpointError("\"" + name + "\" is " + shape_string(local) + ", not its block " +
+                                shape_string({rn, cn}) + " of the global weight");
+      } else {
+        const auto [b0, bn] = d->bias_block();
+        s.global = {d->out_features()};
+        s.start = {b0};
+        if (local != Shape{bn})
+          throw CheckpointError("\"" + name + "\" is " + shape_string(local) + ", not its block " +
+                                shape_string({bn}) + " of the global bias");
+      }
+      return s;
+    }
+  }
+  if (auto e = std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(m)) {
+    if (own == "weight") return Shard{name, p, {e->vocab(), e->hidden()}, {e->vocab_start(), 0}};
+  }
+  return whole(name, p);
+}
+
+// Every (name, module) under the roots, the roots' own names first.
+void for_each_module(const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& roots,
+                     const std::function<void(const std::string&, const std::shared_ptr<torch::nn::Module>&)>& f) {
+  for (const auto& [root, m] : roots)
+    for (const auto& item : m->named_modules(/*name_prefix=*/"", /*include_self=*/true)) f(join(root, item.key()), item.value());
+}
+
+// The optimizer's per-parameter state, as shards of the parameter's block.
+// `finish` runs after a load (the step counts live outside tensors).
+struct OptimizerShards {
+  std::vector<Shard> shards;
+  std::vector<std::function<void()>> finish;
+};
+
+template <typename State>
+void state_shards(torch::optim::Optimizer& opt, const std::vector<Shard>& params, const std::set<std::string>* in_file,
+                  OptimizerShards& out, const std::vector<std::string>& fields) {
+  auto& states = opt.state();
+  for (const Shard& p : params) {
+    if (!p.local.defined() || p.local.numel() == 0) continue;
+    const std::string key = c10::guts::to_string(p.local.unsafeGetTensorImpl());
+    const std::string prefix = "optimizer." + p.name + ".";
+    auto it = states.find(key);
+    if (in_file) {  // loading: the file says whether this parameter has state
+      if (!in_file->count(prefix + fields[0])) {
+        if (it != states.end()) states.erase(it);
+        continue;
+      }
+      if (it == states.end()) {
+        auto s = std::make_unique<State>();
+        it = states.emplace(key, std::move(s)).first;
+      }
+    }
+    if (it == states.end()) continue;
+    auto& s = static_cast<State&>(*it->second);
+    auto field = [&](const std::string& f) -> at::Tensor {
+      if constexpr (std::is_same_v<State, torch::optim::SGDParamState>) {
+        if (f == "momentum_buffer") {
+          if (in_file && !s.momentum_buffer().defined()) s.momentum_buffer(at::zeros_like(p.local.detach()));
+          return s.momentum_buffer();
+        }
+      } else {
+        if (f == "exp_avg") {
+          if (in_file && !s.exp_avg().defined()) s.exp_avg(at::zeros_like(p.local.detach()));
+          return s.exp_avg();
+        }
+        if (f == "exp_avg_sq") {
+          if (in_file && !s.exp_avg_sq().defined()) s.exp_avg_sq(at::zeros_like(p.local.detach()));
+          return s.exp_avg_sq();
+        }
+        if (f == "max_exp_avg_sq") {
+          const bool wanted = in_file ? in_file->count(prefix + f) > 0 : s.max_exp_avg_sq().defined();
+          if (!wanted) return {};
+          if (in_file && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(at::zeros_like(p.local.detach()));
+          return s.max_exp_avg_sq();
+        }
+      }
+      return {};
+    };
+    for (const std::string& f : fields) {
+      const at::Tensor t = field(f);
+      if (t.defined()) out.shards.push_back(Shard{prefix + f, t, p.global, p.start});
+    }
+    if constexpr (!std::is_same_v<State, torch::optim::SGDParamState>) {
+      at::Tensor step = at::scalar_tensor(static_cast<int64_t>(s.step()), at::kLong);
+      out.shards.push_back(whole(prefix + "step", step));
+      if (in_file) out.finish.push_back([&s, step] { s.step(step.item<int64_t>()); });
+    }
+  }
+}
+
+OptimizerShards optimizer_shards(torch::optim::Optimizer* opt, const std::vector<Shard>& params,
+                                 const std::set<std::string>* in_file) {
+  OptimizerShards out;
+  if (!opt) return out;
+  if (dynamic_cast<torch::optim::Adam*>(opt))
+    state_shards<torch::optim::AdamParamState>(*opt, params, in_file, out, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
+  else if (dynamic_cast<torch::optim::AdamW*>(opt))
+    state_shards<torch::optim::AdamWParamState>(*opt, params, in_file, out, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
+  else if (dynamic_cast<torch::optim::SGD*>(opt))
+    state_shards<torch::optim::SGDParamState>(*opt, params, in_file, out, {"momentum_buffer"});
+  else
+    throw CheckpointError("the optimizer is not one partita checkpoints (torch::optim::SGD, Adam or AdamW)");
+  return out;
+}
+
+std::string dropout_counter(const std::string& name) { return "rng." + name + ".calls"; }
+
+}  // namespace
+
+std::vector<Shard> module_shards(const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& roots) {
+  std::vector<Shard> out;
+  std::set<const void*> seen;  // a tensor shared by two modules (tied weights) is saved once, under its first name
+  for_each_module(roots, [&](const std::string& path, const std::shared_ptr<torch::nn::Module>& m) {
+    for (const auto& item : m->named_parameters(/*recurse=*/false))
+      if (seen.insert(item.value().unsafeGetTensorImpl()).second)
+        out.push_back(parameter_shard(join(path, item.key()), item.key(), item.value(), m));
+    for (const auto& item : m->named_buffers(/*recurse=*/false))
+      if (item.value().defined() && seen.insert(item.value().unsafeGetTensorImpl()).second)
+        out.push_back(whole(join(path, item.key()), item.value()));
+  });
+  return out;
+}
+
+void save_modules(const std::string& dir, const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& roots,
+                  torch::optim::Optimizer* optimizer, Info info) {
+  std::vector<Shard> shards;
+  std::string error;
+  try {
+    shards = module_shards(roots);
+    OptimizerShards o = optimizer_shards(optimizer, shards, nullptr);
+    shards.insert(shards.end(), o.shards.begin(), o.shards.end());
+    for_each_module(roots, [&](const std::string& path, const std::shared_ptr<torch::nn::Module>& m) {
+      if (auto d = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(m))
+        info.counters[dropout_counter(path)] = static_cast<int64_t>(d->calls());
+    });
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  detail::agree(error, dir);
+  save(dir, shards, info);
+}
+
+Info load_modules(const std::string& dir, const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& roots,
+                  torch::optim::Optimizer* optimizer) {
+  const Contents c = contents(dir);
+  std::set<std::string> in_file;
+  for (const auto& t : c.tensors) in_file.insert(t.name);
+  std::vector<Shard> shards;
+  OptimizerShards o;
+  std::vector<std::pair<std::shared_ptr<nn::SeededDropoutImpl>, int64_t>> dropouts;
+  std::string error;
+  try {
+    shards = module_shards(roots);
+    o = optimizer_shards(optimizer, shards, &in_file);
+    shards.insert(shards.end(), o.shards.begin(), o.shards.end());
+    for_each_module(roots, [&](const std::string& path, const std::shared_ptr<torch::nn::Module>& m) {
+      if (auto d = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(m)) {
+        const auto it = c.info.counters.find(dropout_counter(path));
+        if (it == c.info.counters.end())
+          throw CheckpointError("no dropout count \"" + dropout_counter(path) + "\" for the SeededDropout \"" + path + "\"");
+        dropouts.emplace_back(d, it->second);
+      }
+    });
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  detail::agree(error, dir);
+  LoadOptions options;
+  // Without an optimizer, its state in the file is left unread.
+  if (!optimizer) options.unread_prefix = "optimizer.";
+  Info info = load(dir, shards, options);
+  for (auto& f : o.finish) f();
+  for (auto& [d, calls] : dropouts) d->set_calls(static_cast<uint64_t>(calls));
+  return info;
+}
+
+void save(const std::string& dir, const std::shared_ptr<torch::nn::Module>& module, torch::optim::Optimizer* optimizer,
+          const Info& info) {
+  save_modules(dir, {{"", module}}, optimizer, info);
+}
+
+Info load(const std::string& dir, const std::shared_ptr<torch::nn::Module>& module, torch::optim::Optimizer* optimizer) {
+  return load_modules(dir, {{"", module}}, optimizer);
+}
+
+}  // namespace partita::checkpoint

@@ -1,0 +1,395 @@
+// partita::checkpoint (docs/checkpoints.md): tensors saved from the pieces
+// of one partition and loaded into the pieces of another, the file any
+// safetensors reader opens, modules with their optimizers' state, and
+// every bad input raising the same CheckpointError on every rank.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "expect_raises.hpp"
+#include "partita/checkpoint.hpp"
+#include "partita/distribute.hpp"
+#include "partita/mpi/partition.hpp"
+#include "partita/mpi/runtime.hpp"
+#include "partita/nn/dropout.hpp"
+#include "partita/nn/linear.hpp"
+#include "partita/testing/checks.hpp"
+
+namespace partita::spec {
+namespace {
+
+namespace fs = std::filesystem;
+using checkpoint::Shard;
+
+// A fresh directory every rank knows (rank 0 makes it), removed at the end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string mine;
+    if (mpi::world_rank() == 0) {
+      const char* base = std::getenv("TMPDIR");
+      std::string pattern = std::string(base && *base ? base : "/tmp") + "/partita-checkpoint-XXXXXX";
+      if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+      mine = pattern;
+    }
+    path = mpi::allgather_strings(mine, mpi::world_comm())[0];
+  }
+  ~TempDir() {
+    MPI_Barrier(mpi::world_comm());
+    if (mpi::world_rank() == 0) fs::remove_all(path);
+  }
+  std::string operator/(const std::string& name) const { return path + "/" + name; }
+};
+
+// The global tensor every test knows without communication: element i
+// of tensor k is (i mod 61) - 30 + k, exact in every dtype used here
+// (spec_tests/read_checkpoint.py checks the same formula).
+at::Tensor known(const Shape& shape, at::ScalarType dtype, int k) {
+  const int64_t n = volume(shape);
+  at::Tensor v = at::arange(n, at::kLong).remainder(61).sub(30).add(k);
+  return v.reshape(shape).to(dtype);
+}
+
+// A Cartesian partition of `shape` over the first volume(shape) ranks of
+// the world (the others inactive).
+mpi::Partition cartesian(const Shape& shape) {
+  Ranks ranks(static_cast<size_t>(volume(shape)));
+  for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
+  return mpi::Partition::world().create_partition_inclusive(ranks).create_cartesian_topology_partition(shape);
+}
+
+// A grid of `dims` dimensions of at most `ranks` workers.
+Shape random_grid(std::mt19937& g, size_t dims, int ranks) {
+  Shape s(dims, 1);
+  for (int tries = 0; tries < 8; ++tries) {
+    const size_t d = g() % dims;
+    if (volume(s) * 2 <= ranks) s[d] *= 2;
+  }
+  return s;
+}
+
+const std::vector<at::ScalarType> kDtypes = {at::kDouble, at::kFloat, at::kLong, at::kBFloat16, at::kInt, at::kHalf};
+
+// Saved from the blocks of one random partition, loaded into the blocks of
+// another: every loaded block is distribute()'s block of the global tensor.
+std::string reshard_once(unsigned seed, const TempDir& tmp) {
+  std::mt19937 g(seed);
+  const int world = mpi::world_size();
+  struct T {
+    Shape shape;
+    at::ScalarType dtype;
+    Shape saved_on, loaded_on;
+  };
+  std::vector<T> ts;
+  const int count = 1 + static_cast<int>(g() % 3);
+  for (int k = 0; k < count; ++k) {
+    T t;
+    const size_t dims = 1 + g() % 3;
+    for (size_t d = 0; d < dims; ++d) t.shape.push_back(1 + static_cast<int64_t>(g() % 7));  // uneven over 2 and 4
+    t.dtype = kDtypes[g() % kDtypes.size()];
+    t.saved_on = random_grid(g, dims, world);
+    t.loaded_on = random_grid(g, dims, world);
+    ts.push_back(t);
+  }
+  const std::string dir = tmp / ("reshard-" + std::to_string(seed));
+  std::string what = "seed " + std::to_string(seed) + ":";
+  for (size_t k = 0; k < ts.size(); ++k)
+    what += " t" + std::to_string(k) + " " + shape_string(ts[k].shape) + " " + c10::toString(ts[k].dtype) + " saved on " +
+            shape_string(ts[k].saved_on) + ", loaded on " + shape_string(ts[k].loaded_on) + ";";
+  std::vector<Shard> saved, loaded;
+  std::vector<at::Tensor> want;
+  for (size_t k = 0; k < ts.size(); ++k) {
+    const at::Tensor global = known(ts[k].shape, ts[k].dtype, static_cast<int>(k));
+    const mpi::Partition P = cartesian(ts[k].saved_on), Q = cartesian(ts[k].loaded_on);
+    saved.push_back(checkpoint::block("t" + std::to_string(k), partita::distribute(global, P), ts[k].shape, P));
+    want.push_back(partita::distribute(global, Q));
+    loaded.push_back(checkpoint::block("t" + std::to_string(k), at::full_like(want.back(), 99), ts[k].shape, Q));
+  }
+  checkpoint::save(dir, saved, {{{"step", static_cast<int64_t>(seed)}}, "test"});
+  const checkpoint::Info info = checkpoint::load(dir, loaded);
+  if (info.counters.at("step") != static_cast<int64_t>(seed)) return what + " the step came back as " + std::to_string(info.counters.at("step"));
+  for (size_t k = 0; k < ts.size(); ++k)
+    if (loaded[k].local.defined() && !at::equal(loaded[k].local, want[k]))
+      return what + " rank " + std::to_string(mpi::world_rank()) + " loaded t" + std::to_string(k) + " wrong";
+  return "";
+}
+
+TEST(Checkpoint, LoadsEveryBlockOfAnotherPartition) {
+  TempDir tmp;
+  for (unsigned seed = 1; seed <= 24; ++seed) PARTITA_EXPECT_AGREED(reshard_once(seed, tmp));
+}
+
+// The file any safetensors reader opens: written to $PARTITA_CHECKPOINT_OUT
+// when set (spec_tests/read_checkpoint.py then reads it), else to a
+// temporary directory; this rank's own reading of the bytes is checked
+// here without partita's reader.
+TEST(Checkpoint, WritesTensorsAnyReaderOpens) {
+  TempDir tmp;
+  const char* out = std::getenv("PARTITA_CHECKPOINT_OUT");
+  const std::string dir = out && *out ? std::string(out) : tmp / "plain";
+  if (mpi::world_rank() == 0 && out && *out) fs::remove_all(dir);
+  MPI_Barrier(mpi::world_comm());
+  const int world = mpi::world_size();
+  const Shape a = {7, 5}, b = {6}, c = {3, 4, 2};
+  std::vector<Shard> shards = {
+      checkpoint::block("t0", partita::distribute(known(a, at::kDouble, 0), cartesian({world, 1})), a, cartesian({world, 1})),
+      checkpoint::block("t1", partita::distribute(known(b, at::kFloat, 1), cartesian({world})), b, cartesian({world})),
+      checkpoint::whole("t2", known({}, at::kLong, 2)),
+      checkpoint::block("t3", partita::distribute(known(c, at::kBFloat16, 3), cartesian({1, world > 1 ? 2 : 1, 1})), c,
+                        cartesian({1, world > 1 ? 2 : 1, 1})),
+      checkpoint::whole("t4", known({2, 3}, at::kHalf, 4)),
+      checkpoint::block("t5", partita::distribute(known({0, 3}, at::kDouble, 5), cartesian({world, 1})), {0, 3},
+                        cartesian({world, 1})),
+  };
+  checkpoint::save(dir, shards, {{{"step", 3}, {"data.position", 12}}, "world " + std::to_string(world)});
+
+  std::string problem;
+  if (mpi::world_rank() == 0) {
+    std::ifstream in(dir + "/model.safetensors", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+    const auto header = nlohmann::json::parse(bytes.substr(8, n));
+    if ((8 + n) % 8 != 0) problem += "the data section is not 8-byte aligned; ";
+    struct Want {
+      std::string name, dtype;
+      Shape shape;
+      at::ScalarType type;
+    };
+    for (const Want& w : {Want{"t0", "F64", a, at::kDouble}, Want{"t1", "F32", b, at::kFloat}, Want{"t2", "I64", {}, at::kLong},
+                          Want{"t3", "BF16", c, at::kBFloat16}, Want{"t4", "F16", {2, 3}, at::kHalf},
+                          Want{"t5", "F64", {0, 3}, at::kDouble}}) {
+      const auto& e = header.at(w.name);
+      if (e.at("dtype") != w.dtype || e.at("shape").get<Shape>() != w.shape) {
+        problem += w.name + " is " + e.dump() + "; ";
+        continue;
+      }
+      const auto begin = e.at("data_offsets")[0].get<int64_t>(), end = e.at("data_offsets")[1].get<int64_t>();
+      const at::Tensor want = known(w.shape, w.type, std::stoi(w.name.substr(1)));
+      const std::string got_bytes = bytes.substr(8 + n + begin, end - begin);
+      if (got_bytes.size() != static_cast<size_t>(want.nbytes()) ||
+          std::memcmp(got_bytes.data(), want.contiguous().data_ptr(), got_bytes.size()) != 0)
+        problem += w.name + "'s bytes differ from the global tensor's; ";
+    }
+    uint64_t last = 0;
+    for (const auto& [name, e] : header.items())
+      if (name != "__metadata__") last = std::max(last, e.at("data_offsets")[1].get<uint64_t>());
+    if (bytes.size() != 8 + n + last) problem += "the file does not end where its last tensor does; ";
+  }
+  PARTITA_EXPECT_AGREED(problem);
+  const checkpoint::Contents got = checkpoint::contents(dir);
+  EXPECT_EQ(got.saved_by, world);
+  EXPECT_EQ(got.info.counters.at("data.position"), 12);
+  EXPECT_EQ(got.tensors.size(), 6u);
+}
+
+// ---- Modules and optimizers -------------------------------------------------
+
+struct Net : torch::nn::Module {
+  Net() {
+    fc = register_module("fc", torch::nn::Linear(4, 3));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({3})));
+    // Every rank holds the same [2, 3] activations: one mask on all.
+    const auto P = mpi::Partition::world().create_cartesian_topology_partition({mpi::world_size(), 1});
+    drop = register_module("drop", nn::SeededDropout(P, nn::DropoutOptions().p(0.5).seed(3).replicated_axes({0})));
+    to(at::kDouble);
+  }
+  torch::nn::Linear fc{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+  nn::SeededDropout drop{nullptr};
+};
+
+// Two steps of `opt` on `net` from a fixed input.
+void train(Net& net, torch::optim::Optimizer& opt, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    const at::Tensor x = at::linspace(-1, 1, 8, at::kDouble).reshape({2, 4});
+    opt.zero_grad();
+    net.drop->forward(net.norm->forward(net.fc->forward(x))).pow(2).sum().backward();
+    opt.step();
+  }
+}
+
+template <typename Opt, typename Options>
+std::string resume_matches(const Options& options, const TempDir& tmp, const std::string& name) {
+  // One run of 5 steps; another of 2, saved, loaded into a fresh net and
+  // optimizer, and 3 more: the same parameters and optimizer state.
+  torch::manual_seed(1);
+  auto straight = std::make_shared<Net>();
+  Opt o1(straight->parameters(), options);
+  torch::manual_seed(1);
+  auto first = std::make_shared<Net>();
+  Opt o2(first->parameters(), options);
+  train(*straight, o1, 5);
+  train(*first, o2, 2);
+  checkpoint::save(tmp / name, first, &o2, {{{"step", 2}}, ""});
+  torch::manual_seed(2);  // other initial values: the load must replace them all
+  auto resumed = std::make_shared<Net>();
+  Opt o3(resumed->parameters(), options);
+  const checkpoint::Info info = checkpoint::load(tmp / name, resumed, &o3);
+  if (info.counters.at("step") != 2) return name + ": the step did not come back";
+  if (resumed->drop->calls() != 2) return name + ": the dropout count is " + std::to_string(resumed->drop->calls());
+  train(*resumed, o3, 3);
+  const auto want = straight->named_parameters(), got = resumed->named_parameters();
+  for (const auto& item : want)
+    if (!at::equal(item.value(), got[item.key()]))
+      return name + ": " + item.key() + " differs from the uninterrupted run's";
+  return "";
+}
+
+TEST(Checkpoint, ModuleAndOptimizerResumeBitForBit) {
+  TempDir tmp;
+  PARTITA_EXPECT_AGREED(resume_matches<torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9), tmp, "sgd"));
+  PARTITA_EXPECT_AGREED(resume_matches<torch::optim::Adam>(torch::optim::AdamOptions(0.1), tmp, "adam"));
+  PARTITA_EXPECT_AGREED(resume_matches<torch::optim::Adam>(torch::optim::AdamOptions(0.1).amsgrad(true), tmp, "amsgrad"));
+  PARTITA_EXPECT_AGREED(resume_matches<torch::optim::AdamW>(torch::optim::AdamWOptions(0.1), tmp, "adamw"));
+}
+
+// A checkpoint of parameters only loads into a model with an optimizer
+// that has state: the state is dropped (the checkpoint has none).
+TEST(Checkpoint, ModuleWithoutOptimizerStateHasNoneAfterLoad) {
+  TempDir tmp;
+  torch::manual_seed(1);
+  auto net = std::make_shared<Net>();
+  checkpoint::save(tmp / "params", net);
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.1));
+  train(*net, adam, 1);
+  EXPECT_FALSE(adam.state().empty());
+  checkpoint::load(tmp / "params", net, &adam);
+  EXPECT_TRUE(adam.state().empty());
+}
+
+// ---- Bad input ---------------------------------------------------------------
+
+std::vector<Shard> two_tensors(at::ScalarType dtype = at::kDouble, int64_t rows = 6) {
+  const mpi::Partition P = cartesian({mpi::world_size(), 1});
+  return {checkpoint::block("w", partita::distribute(known({rows, 3}, dtype, 0), P), {rows, 3}, P),
+          checkpoint::whole("b", known({3}, dtype, 1))};
+}
+
+// Rank 0 edits a file of the checkpoint; every rank waits for it.
+void edit(const std::string& path, const std::function<void(std::string&)>& f) {
+  if (mpi::world_rank() == 0) {
+    std::string bytes;
+    {
+      std::ifstream in(path, std::ios::binary);
+      bytes.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    }
+    f(bytes);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << bytes;
+  }
+  MPI_Barrier(mpi::world_comm());
+}
+
+TEST(CheckpointErrors, EveryRankRaisesTheSameError) {
+  TempDir tmp;
+  const std::string dir = tmp / "good";
+  checkpoint::save(dir, two_tensors());
+  auto copy = [&](const std::string& name) {
+    if (mpi::world_rank() == 0) fs::copy(dir, tmp / name, fs::copy_options::recursive);
+    MPI_Barrier(mpi::world_comm());
+    return tmp / name;
+  };
+
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::save(dir, two_tensors()); }), "already exists");
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(tmp / "missing", two_tensors()); }),
+                  "no such checkpoint directory");
+  // Another model: a missing name, an extra one, another shape, another dtype.
+  EXPECT_CONTAINS(raised<CheckpointError>([&] {
+                    auto s = two_tensors();
+                    s.push_back(checkpoint::whole("extra", at::zeros({2}, at::kDouble)));
+                    checkpoint::load(dir, s);
+                  }),
+                  "\"extra\" (asked for by rank 0) is not in the checkpoint");
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(dir, {two_tensors()[0]}); }),
+                  "the checkpoint holds \"b\", which no rank asked for");
+  EXPECT_NO_THROW(checkpoint::load(dir, {two_tensors()[0]}, {true, ""}));
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(dir, two_tensors(at::kDouble, 7)); }),
+                  "\"w\" has the global shape 6x3 in the checkpoint, 7x3 on rank 0");
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(dir, two_tensors(at::kFloat)); }),
+                  "is F64 in the checkpoint, F32 on rank 0 (a checkpoint is never cast)");
+
+  // Pieces that do not make a tensor.
+  EXPECT_CONTAINS(raised<CheckpointError>([&] {
+                    checkpoint::save(tmp / "hole", {Shard{"w", at::zeros({1, 3}, at::kDouble), {6, 3}, {0, 0}}});
+                  }),
+                  "the pieces cover 3 of the 18 elements");
+  if (mpi::world_size() > 1)
+    EXPECT_CONTAINS(raised<CheckpointError>([&] {
+                      const int64_t r = mpi::world_rank();
+                      checkpoint::save(tmp / "overlap", {Shard{"w", at::zeros({2, 3}, at::kDouble), {8, 3}, {r, 0}}});
+                    }),
+                    "overlap without being the same piece");
+  EXPECT_CONTAINS(raised<CheckpointError>([&] {
+                    checkpoint::save(tmp / "outside", {Shard{"w", at::zeros({2, 3}, at::kDouble), {2, 3}, {1, 0}}});
+                  }),
+                  "is not inside the global shape");
+  if (mpi::world_size() > 1)
+    EXPECT_CONTAINS(raised<CheckpointError>([&] {
+                      checkpoint::save(tmp / "counters", two_tensors(),
+                                       {{{"step", static_cast<int64_t>(mpi::world_rank() == 0 ? 1 : 2)}}, ""});
+                    }),
+                    "the counter \"step\" is 1 on rank 0 and 2 on rank 1");
+  EXPECT_FALSE(fs::exists(tmp / "hole") || fs::exists(tmp / "outside"));
+
+  // Damaged files.
+  const std::string truncated = copy("truncated");
+  edit(truncated + "/model.safetensors", [](std::string& b) { b.resize(b.size() - 8); });
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(truncated, two_tensors()); }), "the file is truncated");
+  const std::string liar = copy("liar");
+  edit(liar + "/model.safetensors", [](std::string& b) {
+    const size_t at = b.find("[0,24]");  // "b": 3 doubles; make it claim 4
+    ASSERT_NE(at, std::string::npos) << b.substr(0, 200);
+    b.replace(at, 6, "[0,32]");
+  });
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(liar, two_tensors()); }), "hold 32 bytes");
+  const std::string version = copy("version");
+  edit(version + "/manifest.json", [](std::string& m) {
+    const size_t at = m.find("\"version\": 1");
+    ASSERT_NE(at, std::string::npos) << m;
+    m.replace(at, 12, "\"version\": 9");
+  });
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(version, two_tensors()); }),
+                  "format version 9; this build reads version 1 only");
+  const std::string garbage = copy("garbage");
+  edit(garbage + "/model.safetensors", [](std::string& b) { b[9] = '#'; });
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(garbage, two_tensors()); }), "not valid JSON");
+
+  // Nothing was half-loaded by any refusal: the tensors passed are untouched.
+  auto s = two_tensors(at::kDouble, 7);
+  const at::Tensor before = s[1].local.clone();
+  EXPECT_THROW(checkpoint::load(dir, s), CheckpointError);
+  EXPECT_TRUE(at::equal(s[1].local, before));
+}
+
+// A save killed before its rename leaves a `.partial` directory; the next
+// save of that name removes it and succeeds, and a load never sees it.
+TEST(CheckpointErrors, AnUnfinishedSaveIsNotACheckpoint) {
+  TempDir tmp;
+  const std::string dir = tmp / "step-1";
+  if (mpi::world_rank() == 0) {
+    fs::create_directories(dir + ".partial");
+    std::ofstream(dir + ".partial/model.safetensors") << "half";
+  }
+  MPI_Barrier(mpi::world_comm());
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(dir, two_tensors()); }), "no such checkpoint directory");
+  checkpoint::save(dir, two_tensors());
+  EXPECT_FALSE(fs::exists(dir + ".partial"));
+  auto s = two_tensors();
+  for (auto& x : s) x.local = at::zeros_like(x.local);
+  checkpoint::load(dir, s);
+  EXPECT_TRUE(at::equal(s[1].local, known({3}, at::kDouble, 1)));
+}
+
+}  // namespace
+}  // namespace partita::spec
