@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "expect_raises.hpp"
+#include "temp_dir.hpp"
 #include "partita/checkpoint.hpp"
 #include "partita/distribute.hpp"
 #include "partita/mpi/partition.hpp"
@@ -30,26 +31,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using checkpoint::Shard;
-
-// A fresh directory every rank knows (rank 0 makes it), removed at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string mine;
-    if (mpi::world_rank() == 0) {
-      const char* base = std::getenv("TMPDIR");
-      std::string pattern = std::string(base && *base ? base : "/tmp") + "/partita-checkpoint-XXXXXX";
-      if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-      mine = pattern;
-    }
-    path = mpi::allgather_strings(mine, mpi::world_comm())[0];
-  }
-  ~TempDir() {
-    MPI_Barrier(mpi::world_comm());
-    if (mpi::world_rank() == 0) fs::remove_all(path);
-  }
-  std::string operator/(const std::string& name) const { return path + "/" + name; }
-};
 
 // The global tensor every test knows without communication: element i
 // of tensor k is (i mod 61) - 30 + k, exact in every dtype used here

@@ -18,10 +18,12 @@
 #include "partita/distribute.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp.hpp"
+#include "partita/smp/checkpoint.hpp"
 #include "partita/smp/pipeline.hpp"
 #include "partita/smp/step.hpp"
 #include "partita/smp/tensor_parallel.hpp"
 #include "partita/testing/checks.hpp"
+#include "temp_dir.hpp"
 
 namespace partita::spec {
 namespace {
@@ -87,39 +89,57 @@ int init_layout(const Case& c) {
   return c.schedule == "interleaved_virtual" && c.pp > 1 ? 2 : 1;
 }
 
-// Returns this rank's first difference, "" when every step matched.
-std::string train_and_compare(const Case& c) {
+// The same model on one process: the global parameters as leaves, its
+// optimizer, and the global batch every step trains on.
+struct OneProcess {
+  gpt::Parameters params;
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  at::Tensor ids, targets;
+};
+
+OneProcess one_process(const gpt::Sizes& s, Optimizer o, const gpt::Parameters& init) {
+  OneProcess r;
+  std::vector<at::Tensor> leaves;
+  for (const auto& [name, t] : init) {
+    r.params[name] = t.clone().requires_grad_(true);
+    leaves.push_back(r.params[name]);
+  }
+  r.opt = optimizer(o, leaves);
+  // Random ids and targets, the same on every rank.
+  auto gen = at::detail::createCPUGenerator(11);
+  r.ids = at::randint(0, s.vocab, {kBatch, s.context}, gen, at::TensorOptions(at::kLong));
+  r.targets = at::randint(0, s.vocab, {kBatch, s.context}, gen, at::TensorOptions(at::kLong));
+  return r;
+}
+
+// Where a run's parameters come from and where they go.
+struct Checkpoints {
+  std::string load_from;  // empty: gpt::init_parameters(s, 7)
+  std::string save_to;    // empty: no checkpoint at the end
+};
+
+// Steps [first, end) at c's layout beside `ref` (which takes the same
+// steps); returns this rank's first difference, "" when every step matched.
+std::string train_and_compare(const Case& c, OneProcess& ref, int first, int end, const Checkpoints& io = {}) {
   const int v = init_layout(c);
   const gpt::Sizes s = sizes(c);
   const int dp = smp::dp_size(), stage = smp::pp_rank();
-  const std::string label = name_of(c);
+  const std::string label = name_of(c) + (io.load_from.empty() ? "" : ", resumed from a checkpoint");
 
   std::vector<smp::StagePartitions> parts;
   for (int k = 0; k < c.pp; ++k) parts.push_back(smp::stage_partitions(k));
-  const gpt::Parameters init = gpt::init_parameters(s, 7);
   gpt::Model m = gpt::build(parts, s, v);
-  gpt::load(m, init);
+  // Resumed: other initial values, which the checkpoint must replace.
+  gpt::load(m, gpt::init_parameters(s, io.load_from.empty() ? 7 : 99));
   smp::DistributedModel model(m.layers, gpt::split_points(s, c.pp * v));
   auto opt = optimizer(c.optimizer, model.parameters());
+  if (!io.load_from.empty()) smp::load_checkpoint(io.load_from, model, opt.get());
 
-  // One process: the global parameters as leaves.
-  gpt::Parameters ref;
-  std::vector<at::Tensor> ref_params;
-  for (const auto& [name, t] : init) {
-    ref[name] = t.clone().requires_grad_(true);
-    ref_params.push_back(ref[name]);
-  }
-  auto ref_opt = optimizer(c.optimizer, ref_params);
-
-  // The data: random ids and targets, the same on every rank; each rank
-  // takes its replica's rows and its tp rank's tokens.
-  auto gen = at::detail::createCPUGenerator(11);
-  const at::Tensor ids = at::randint(0, s.vocab, {kBatch, s.context}, gen, at::TensorOptions(at::kLong));
-  const at::Tensor targets = at::randint(0, s.vocab, {kBatch, s.context}, gen, at::TensorOptions(at::kLong));
+  // Each rank takes its replica's rows and its tp rank's tokens.
   const at::Tensor positions = at::arange(s.context, at::TensorOptions(at::kLong)).unsqueeze(0).expand({kBatch, s.context});
   const mpi::Partition& cut = parts[stage].tokens;
-  const at::Tensor x = partita::distribute(at::stack({ids, positions}, 2).contiguous(), cut);
-  const at::Tensor y = partita::distribute(targets.unsqueeze(2).contiguous(), cut).squeeze(2).contiguous();
+  const at::Tensor x = partita::distribute(at::stack({ref.ids, positions}, 2).contiguous(), cut);
+  const at::Tensor y = partita::distribute(ref.targets.unsqueeze(2).contiguous(), cut).squeeze(2).contiguous();
 
   // The loss on the last stage: each rank's tokens' cross-entropy over the
   // replica's microbatch's token count (docs/3d.md's rule); the other
@@ -134,11 +154,22 @@ std::string train_and_compare(const Case& c) {
   });
 
   std::string problem;
-  for (int step = 0; step < kSteps && problem.empty(); ++step) {
-    const at::Tensor ref_loss = at::cross_entropy_loss(gpt::forward(ref, s, ids).reshape({-1, s.vocab}), targets.reshape({-1}));
-    ref_opt->zero_grad();
+  auto compare = [&](const std::string& when) {
+    for (const auto& [name, got, want] : gpt::pieces(m, ref.params, stage)) {
+      const double err = (got - want).abs().max().item<double>(), scale = std::max(1.0, want.abs().max().item<double>());
+      if (problem.empty() && !(err <= kTolerance * scale))
+        problem = label + ", " + when + ": " + name + " differs from one process by " + std::to_string(err);
+    }
+  };
+  if (!io.load_from.empty()) compare("after the load");
+  // Every rank stops at the first step after which any rank found a
+  // difference (the steps are collective).
+  for (int step = first; step < end && mpi::all_true(problem.empty(), mpi::world_comm()); ++step) {
+    const at::Tensor ref_loss =
+        at::cross_entropy_loss(gpt::forward(ref.params, s, ref.ids).reshape({-1, s.vocab}), ref.targets.reshape({-1}));
+    ref.opt->zero_grad();
     ref_loss.backward();
-    ref_opt->step();
+    ref.opt->step();
 
     opt->zero_grad();
     smp::StepOutput losses = train(x, y);
@@ -149,16 +180,19 @@ std::string train_and_compare(const Case& c) {
     if (!(std::abs(total - ref_loss.item<double>()) <= kTolerance * std::max(1.0, std::abs(ref_loss.item<double>()))))
       problem = label + ", step " + std::to_string(step) + ": loss " + std::to_string(total) + ", one process " +
                 std::to_string(ref_loss.item<double>());
-    for (const auto& [name, got, want] : gpt::pieces(m, ref, stage)) {
-      const double err = (got - want).abs().max().item<double>(), scale = std::max(1.0, want.abs().max().item<double>());
-      if (problem.empty() && !(err <= kTolerance * scale))
-        problem = label + ", step " + std::to_string(step) + ": " + name + " differs from one process by " +
-                  std::to_string(err);
-    }
+    compare("step " + std::to_string(step));
   }
+  if (!io.save_to.empty()) smp::save_checkpoint(io.save_to, model, opt.get(), {{{"step", end}}, ""});
+  return problem;
+}
+
+std::string train_and_compare(const Case& c) {
+  const gpt::Parameters init = gpt::init_parameters(sizes(c), 7);
+  OneProcess ref = one_process(sizes(c), c.optimizer, init);
+  std::string problem = train_and_compare(c, ref, 0, kSteps);
   // The run trained: the parameters moved.
-  if (problem.empty() && at::equal(ref.at("head.out.weight"), init.at("head.out.weight")))
-    problem = label + ": the head did not move";
+  if (problem.empty() && at::equal(ref.params.at("head.out.weight"), init.at("head.out.weight")))
+    problem = name_of(c) + ": the head did not move";
   return problem;
 }
 
@@ -187,6 +221,26 @@ TEST(Gpt, EveryParameterEqualsOneProcessUnderEverySchedule) {
         }
 }
 
+// Three steps at one layout, a checkpoint of the parameters and the
+// optimizer's state, three more at another layout (another schedule, and
+// the Linear layers stored on replica 0 where there are replicas) from the
+// checkpoint: every step equals one process's six (docs/checkpoints.md).
+TEST(Gpt, ResumesFromACheckpointAtAnotherLayout) {
+  const auto ls = layouts();
+  if (ls.empty()) GTEST_SKIP() << "no layout for " << mpi::world_size() << " ranks";
+  TempDir tmp;
+  int n = 0;
+  for (const auto& [pp, tp] : ls)
+    for (const auto& [pp2, tp2] : ls)
+      for (const Optimizer o : {Optimizer::kSgdMomentum, Optimizer::kAdam}) {
+        const Case a{pp, tp, "interleaved", o, true}, b{pp2, tp2, "interleaved_virtual", o, false};
+        const std::string dir = tmp / ("step-3-" + std::to_string(n++));
+        OneProcess ref = one_process(sizes(a), o, gpt::init_parameters(sizes(a), 7));
+        std::string problem = train_and_compare(a, ref, 0, 3, {"", dir});
+        if (problem.empty()) problem = train_and_compare(b, ref, 3, 6, {dir, ""});
+        PARTITA_EXPECT_AGREED(problem);
+      }
+}
 
 // ---- Bytes per step --------------------------------------------------------
 
