@@ -13,6 +13,14 @@
 // gradients once, as DistributedDataParallel) or stored (seed 002's: stored
 // on replica 0, broadcast in every microbatch's forward; docs/3d.md).
 //
+// Checkpoints (docs/checkpoints.md): --checkpoint-every N saves the model
+// and Adam's state after every N steps to DIR/step-K (DIR: --checkpoint-dir,
+// "checkpoints" under the working directory by default) and then points
+// DIR/latest at it; --resume PATH continues from a checkpoint (PATH/latest
+// where PATH is a directory of them) at whatever layout this run has, the
+// data drawn as the uninterrupted run draws them. --die-at-step K ends
+// the last rank with SIGKILL as step K begins (the tests of a lost rank).
+//
 // Prints the layout, then the loss per step (the mean cross-entropy over the
 // global batch, in nats); exits 0 when the loss fell over the run.
 #include <torch/torch.h>
@@ -20,7 +28,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -30,6 +40,7 @@
 #include "partita/distribute.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/smp.hpp"
+#include "partita/smp/checkpoint.hpp"
 #include "partita/smp/pipeline.hpp"
 #include "partita/smp/step.hpp"
 #include "partita/smp/tensor_parallel.hpp"
@@ -45,6 +56,10 @@ struct Flags {
   uint64_t seed = 2026;
   std::string text = "/usr/share/common-licenses/GPL-3";
   int threads = 1;  // LibTorch intra-op threads per process
+  int checkpoint_every = 0;
+  std::string checkpoint_dir = "checkpoints";
+  std::string resume;
+  int die_at_step = -1;
   gpt::Sizes sizes;
 };
 
@@ -62,6 +77,10 @@ Flags parse(int argc, char** argv) {
     else if (k == "--hidden") f.sizes.hidden = std::stoll(v);
     else if (k == "--heads") f.sizes.heads = std::stoll(v);
     else if (k == "--context") f.sizes.context = std::stoll(v);
+    else if (k == "--checkpoint-every") f.checkpoint_every = std::stoi(v);
+    else if (k == "--checkpoint-dir") f.checkpoint_dir = v;
+    else if (k == "--resume") f.resume = v;
+    else if (k == "--die-at-step") f.die_at_step = std::stoi(v);
     else if (k == "--data-parallel" && (v == "replicated" || v == "stored")) f.sizes.replicated = v == "replicated";
     else if (k == "--data-parallel") throw std::invalid_argument("train_gpt: --data-parallel takes replicated or stored, not " + v);
     else throw std::invalid_argument("train_gpt: unknown flag " + k);
@@ -77,6 +96,25 @@ smp::Config configuration(int world) {
   c.microbatches(2);
   c.pipeline("interleaved");
   return c;
+}
+
+// A checkpoint, or the one a directory of them names in its `latest`.
+std::string checkpoint_of(const std::string& path) {
+  if (std::filesystem::exists(path + "/manifest.json") || !std::filesystem::exists(path + "/latest")) return path;
+  std::ifstream in(path + "/latest");
+  std::string name;
+  std::getline(in, name);
+  return path + "/" + name;
+}
+
+// Rank 0 points dir/latest at `name`: written aside, then renamed over it.
+void point_latest(const std::string& dir, const std::string& name) {
+  if (smp::rank() != 0) return;
+  {
+    std::ofstream out(dir + "/latest.new");
+    out << name << "\n";
+  }
+  std::filesystem::rename(dir + "/latest.new", dir + "/latest");
 }
 
 double group_sum(double v, smp::CommGroup group) {
@@ -140,13 +178,25 @@ int main(int argc, char** argv) {
   });
 
   auto gen = at::detail::createCPUGenerator(f.seed + 1);
+  auto draw = [&] { return at::randint(0, corpus.size(0) - T - 1, {f.batch}, gen, at::TensorOptions(at::kLong)); };
+  int start = 0;
+  if (!f.resume.empty()) {
+    const std::string from = checkpoint_of(f.resume);
+    const partita::checkpoint::Info info = smp::load_checkpoint(from, model, &opt);
+    start = static_cast<int>(info.counters.at("step"));
+    // The data where the saved run left them: the batches it drew, drawn again.
+    for (int64_t b = 0; b < info.counters.at("data.batches"); ++b) draw();
+    if (smp::rank() == 0) std::printf("train_gpt: resumed from %s (saved at %s) at step %d\n", from.c_str(), info.layout.c_str(), start);
+  }
+  if (f.checkpoint_every > 0 && smp::rank() == 0) std::filesystem::create_directories(f.checkpoint_dir);
   const at::Tensor positions = at::arange(T, at::TensorOptions(at::kLong)).unsqueeze(0).expand({f.batch, T});
   const mpi::Partition& cut = parts[stage].tokens;
   double first = 0, last = 0;
   std::vector<double> seconds;
-  for (int step = 0; step < f.steps; ++step) {
+  for (int step = start; step < f.steps; ++step) {
+    if (step == f.die_at_step && smp::rank() == smp::size() - 1) std::raise(SIGKILL);
     // Every rank draws the same windows of the text; each keeps its piece.
-    const at::Tensor starts = at::randint(0, corpus.size(0) - T - 1, {f.batch}, gen, at::TensorOptions(at::kLong));
+    const at::Tensor starts = draw();
     const at::Tensor offsets = starts.unsqueeze(1) + at::arange(T, at::TensorOptions(at::kLong)).unsqueeze(0);
     const at::Tensor ids = corpus.index_select(0, offsets.reshape(-1)).reshape({f.batch, T});
     const at::Tensor targets = corpus.index_select(0, (offsets + 1).reshape(-1)).reshape({f.batch, T});
@@ -161,9 +211,19 @@ int main(int argc, char** argv) {
     double mine = 0;
     for (const auto& l : losses.outputs()) mine += l.item<double>();
     const double loss = group_sum(group_sum(mine / microbatches, smp::TP_GROUP), smp::DP_GROUP) / dp;
-    if (smp::rank() == 0) std::printf("step %d: loss %.4f\n", step, loss);
-    if (step == 0) first = loss;
+    if (smp::rank() == 0) std::printf("step %d: loss %.6f\n", step, loss);
+    if (step == start) first = loss;
     last = loss;
+    if (f.checkpoint_every > 0 && (step + 1) % f.checkpoint_every == 0) {
+      const std::string name = "step-" + std::to_string(step + 1);
+      smp::save_checkpoint(f.checkpoint_dir + "/" + name, model, &opt,
+                           {{{"step", step + 1}, {"data.batches", step + 1}}, ""});
+      point_latest(f.checkpoint_dir, name);
+    }
+  }
+  if (seconds.size() < 2) {
+    if (smp::rank() == 0) std::printf("train_gpt: %zu steps run, too few to see the loss fall\n", seconds.size());
+    return 0;
   }
   std::sort(seconds.begin(), seconds.end());
   if (smp::rank() == 0)

@@ -16,6 +16,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -344,6 +346,19 @@ Read read_checkpoint(const std::string& dir) {
   return r;
 }
 
+// The tests of a rank lost in the middle of a save (docs/checkpoints.md,
+// "Atomic"): PARTITA_CHECKPOINT_KILL="R:NAME" ends world rank R with
+// SIGKILL as it is about to write its data of a checkpoint whose directory
+// is named NAME (the others have made the temporary directory and wait).
+void die_if_asked(const fs::path& dir) {
+  const char* v = std::getenv("PARTITA_CHECKPOINT_KILL");
+  if (!v) return;
+  const std::string s(v);
+  const size_t colon = s.find(':');
+  if (colon == std::string::npos) return;
+  if (std::to_string(mpi::world_rank()) == s.substr(0, colon) && dir.filename() == s.substr(colon + 1)) std::raise(SIGKILL);
+}
+
 }  // namespace
 
 Shard whole(std::string name, const at::Tensor& t) {
@@ -440,6 +455,7 @@ void save(const std::string& dir_in, const std::vector<Shard>& shards, const Inf
     mine.push_back(Span{offset_of.at(s.name), static_cast<int64_t>(keep.back().element_size()), g.shape, s.start,
                             Shape(s.local.sizes().begin(), s.local.sizes().end()), keep.back().data_ptr()});
   }
+  die_if_asked(final_dir);
   agree(move_data((partial / kDataFile).string(), mine, /*write=*/true, dir), dir);
 
   // The manifest, then one rename makes the checkpoint visible.
