@@ -372,5 +372,36 @@ TEST(CheckpointErrors, AnUnfinishedSaveIsNotACheckpoint) {
   EXPECT_TRUE(at::equal(s[1].local, known({3}, at::kDouble, 1)));
 }
 
+// A disk too small for the checkpoint ($PARTITA_CHECKPOINT_SMALL_FS: a
+// directory on a 1 MiB file system; the ctest checkpoint_full_disk_np2
+// mounts one): the same CheckpointError on every rank, nothing left
+// behind, and the checkpoint saved before it still loads.
+TEST(CheckpointErrors, AFullDiskIsReportedAndLeavesNothing) {
+  const char* small = std::getenv("PARTITA_CHECKPOINT_SMALL_FS");
+  if (!small || !*small) GTEST_SKIP() << "PARTITA_CHECKPOINT_SMALL_FS is not set";
+  const std::string dir = std::string(small) + "/fits", big = std::string(small) + "/too-big";
+  if (mpi::world_rank() == 0) {
+    fs::remove_all(dir);
+    fs::remove_all(big);
+  }
+  MPI_Barrier(mpi::world_comm());
+  checkpoint::save(dir, two_tensors());
+  const mpi::Partition P = cartesian({mpi::world_size(), 1});
+  const Shape huge = {1 << 18, 2};  // 4 MiB of doubles
+  const std::string message = raised<CheckpointError>([&] {
+    checkpoint::save(big, {checkpoint::block("w", partita::distribute(at::ones(huge, at::kDouble), P), huge, P)});
+  });
+  EXPECT_CONTAINS(message, big);
+  EXPECT_CONTAINS(message, "writing");
+  EXPECT_CONTAINS(message, "No space left on device");
+  std::printf("a full disk: %s\n", message.c_str());
+  MPI_Barrier(mpi::world_comm());  // rank 0 removes the temporary directory as it raises
+  EXPECT_FALSE(fs::exists(big) || fs::exists(big + ".partial"));
+  auto s = two_tensors();
+  for (auto& x : s) x.local = at::zeros_like(x.local);
+  checkpoint::load(dir, s);
+  EXPECT_TRUE(at::equal(s[1].local, known({3}, at::kDouble, 1)));
+}
+
 }  // namespace
 }  // namespace partita::spec

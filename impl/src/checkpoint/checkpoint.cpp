@@ -439,54 +439,65 @@ void save(const std::string& dir_in, const std::vector<Shard>& shards, const Inf
   }
   agree(error, dir);
 
-  // Each rank's pieces that it writes.
-  std::map<std::string, int64_t> offset_of;
-  for (const auto& e : entries) offset_of[e.name] = data_start + e.begin;
-  std::vector<Span> mine;
-  const int me = mpi::world_rank();
-  std::vector<at::Tensor> keep;  // contiguous copies of non-contiguous pieces
-  for (const Shard& s : shards) {
-    if (!s.local.defined() || s.local.numel() == 0) continue;
-    const Global& g = globals.at(s.name);
-    bool writer = false;
-    for (const Piece* q : g.boxes) writer |= q->rank == me && q->start == s.start;
-    if (!writer) continue;
-    keep.push_back(s.local.detach().contiguous());
-    mine.push_back(Span{offset_of.at(s.name), static_cast<int64_t>(keep.back().element_size()), g.shape, s.start,
-                            Shape(s.local.sizes().begin(), s.local.sizes().end()), keep.back().data_ptr()});
-  }
-  die_if_asked(final_dir);
-  agree(move_data((partial / kDataFile).string(), mine, /*write=*/true, dir), dir);
-
-  // The manifest, then one rename makes the checkpoint visible.
-  if (me == 0) {
-    try {
-      json::Value m = json::Value::object();
-      m["format"] = "partita checkpoint";
-      m["version"] = kFormatVersion;
-      m["file"] = kDataFile;
-      m["world_size"] = mpi::world_size();
-      m["layout"] = info.layout;
-      m["counters"] = json::Value::object();
-      for (const auto& [k, v] : counters) m["counters"][k] = v;
-      m["tensors"] = json::Value::array();
-      for (const auto& e : entries) m["tensors"].push_back({{"name", e.name}, {"dtype", e.dtype}, {"shape", e.shape}});
-      {
-        std::ofstream out(partial / kManifest);
-        out << m.dump(1) << "\n";
-        out.close();
-        if (!out) throw CheckpointError("cannot write " + (partial / kManifest).string());
-      }
-      fsync_path(partial / kManifest);
-      fsync_path(partial);
-      fs::rename(partial, final_dir);
-      const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
-      fsync_path(parent);
-    } catch (const std::exception& e) {
-      error = e.what();
+  // From here on, a failure removes the temporary directory: the disk
+  // holds what it held before the save (and a `.partial` only where a
+  // rank died).
+  try {
+    // Each rank's pieces that it writes.
+    std::map<std::string, int64_t> offset_of;
+    for (const auto& e : entries) offset_of[e.name] = data_start + e.begin;
+    std::vector<Span> mine;
+    const int me = mpi::world_rank();
+    std::vector<at::Tensor> keep;  // contiguous copies of non-contiguous pieces
+    for (const Shard& s : shards) {
+      if (!s.local.defined() || s.local.numel() == 0) continue;
+      const Global& g = globals.at(s.name);
+      bool writer = false;
+      for (const Piece* q : g.boxes) writer |= q->rank == me && q->start == s.start;
+      if (!writer) continue;
+      keep.push_back(s.local.detach().contiguous());
+      mine.push_back(Span{offset_of.at(s.name), static_cast<int64_t>(keep.back().element_size()), g.shape, s.start,
+                              Shape(s.local.sizes().begin(), s.local.sizes().end()), keep.back().data_ptr()});
     }
+    die_if_asked(final_dir);
+    agree(move_data((partial / kDataFile).string(), mine, /*write=*/true, dir), dir);
+
+    // The manifest, then one rename makes the checkpoint visible.
+    if (me == 0) {
+      try {
+        json::Value m = json::Value::object();
+        m["format"] = "partita checkpoint";
+        m["version"] = kFormatVersion;
+        m["file"] = kDataFile;
+        m["world_size"] = mpi::world_size();
+        m["layout"] = info.layout;
+        m["counters"] = json::Value::object();
+        for (const auto& [k, v] : counters) m["counters"][k] = v;
+        m["tensors"] = json::Value::array();
+        for (const auto& e : entries) m["tensors"].push_back({{"name", e.name}, {"dtype", e.dtype}, {"shape", e.shape}});
+        {
+          std::ofstream out(partial / kManifest);
+          out << m.dump(1) << "\n";
+          out.close();
+          if (!out) throw CheckpointError("cannot write " + (partial / kManifest).string());
+        }
+        fsync_path(partial / kManifest);
+        fsync_path(partial);
+        fs::rename(partial, final_dir);
+        const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
+        fsync_path(parent);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    agree(error, dir);
+  } catch (const CheckpointError&) {
+    if (mpi::world_rank() == 0) {
+      std::error_code ignored;
+      fs::remove_all(partial, ignored);
+    }
+    throw;
   }
-  agree(error, dir);
 }
 
 Contents contents(const std::string& dir) { return read_checkpoint(clean(dir)).contents; }
