@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "partita/checkpoint.hpp"
 #include "partita/distribute.hpp"
 #include "partita/errors.hpp"
 #include "partita/mpi/buffer_cache.hpp"
@@ -31,6 +32,7 @@
 #include "partita/nn/sum_reduce.hpp"
 #include "partita/options.hpp"
 #include "partita/smp.hpp"
+#include "partita/smp/checkpoint.hpp"
 #include "partita/smp/pipeline.hpp"
 #include "partita/smp/schedule.hpp"
 #include "partita/smp/step.hpp"
