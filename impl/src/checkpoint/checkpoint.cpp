@@ -272,10 +272,14 @@ struct Read {
   Contents contents;
 };
 
+// At most `limit` bytes from the start of p (never more than it holds).
 std::string read_file(const fs::path& p, int64_t limit) {
   std::ifstream in(p, std::ios::binary);
   if (!in) throw CheckpointError("cannot open " + p.string());
   std::string s;
+  std::error_code ec;
+  const auto size = fs::file_size(p, ec);
+  if (!ec) limit = std::min<int64_t>(limit, static_cast<int64_t>(size));
   s.resize(static_cast<size_t>(limit));
   in.read(s.data(), limit);
   s.resize(static_cast<size_t>(in.gcount()));
