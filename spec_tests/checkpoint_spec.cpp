@@ -119,7 +119,7 @@ TEST(Checkpoint, WritesTensorsAnyReaderOpens) {
   const char* out = std::getenv("PARTITA_CHECKPOINT_OUT");
   const std::string dir = out && *out ? std::string(out) : tmp / "plain";
   if (mpi::world_rank() == 0 && out && *out) fs::remove_all(dir);
-  MPI_Barrier(mpi::world_comm());
+  barrier();
   const int world = mpi::world_size();
   const Shape a = {7, 5}, b = {6}, c = {3, 4, 2};
   std::vector<Shard> shards = {
@@ -269,7 +269,7 @@ void edit(const std::string& path, const std::function<void(std::string&)>& f) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out << bytes;
   }
-  MPI_Barrier(mpi::world_comm());
+  barrier();
 }
 
 TEST(CheckpointErrors, EveryRankRaisesTheSameError) {
@@ -278,7 +278,7 @@ TEST(CheckpointErrors, EveryRankRaisesTheSameError) {
   checkpoint::save(dir, two_tensors());
   auto copy = [&](const std::string& name) {
     if (mpi::world_rank() == 0) fs::copy(dir, tmp / name, fs::copy_options::recursive);
-    MPI_Barrier(mpi::world_comm());
+    barrier();
     return tmp / name;
   };
 
@@ -346,11 +346,40 @@ TEST(CheckpointErrors, EveryRankRaisesTheSameError) {
   edit(garbage + "/model.safetensors", [](std::string& b) { b[9] = '#'; });
   EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(garbage, two_tensors()); }), "not valid JSON");
 
-  // Nothing was half-loaded by any refusal: the tensors passed are untouched.
+  // Nothing was half-loaded by any refusal: the tensors passed keep the
+  // values they had (not the checkpoint's).
   auto s = two_tensors(at::kDouble, 7);
-  const at::Tensor before = s[1].local.clone();
+  for (auto& x : s) x.local.fill_(7);
   EXPECT_THROW(checkpoint::load(dir, s), CheckpointError);
-  EXPECT_TRUE(at::equal(s[1].local, before));
+  EXPECT_TRUE(at::equal(s[1].local, at::full({3}, 7.0, at::kDouble)));
+  if (s[0].local.numel() > 0) EXPECT_TRUE(at::equal(s[0].local, at::full_like(s[0].local, 7)));
+}
+
+// A refused load of a module with its optimizer leaves the optimizer's
+// state as it was (the parameters too).
+TEST(CheckpointErrors, ARefusedLoadLeavesTheOptimizerAlone) {
+  TempDir tmp;
+  torch::manual_seed(1);
+  auto net = std::make_shared<Net>();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.1));
+  train(*net, adam, 1);
+  checkpoint::save(tmp / "net", net, &adam);
+  // Another model: the same names and one more.
+  auto other = std::make_shared<Net>();
+  other->register_parameter("extra", at::zeros({2}, at::kDouble));
+  torch::optim::Adam adam2(other->parameters(), torch::optim::AdamOptions(0.1));
+  train(*other, adam2, 2);
+  const at::Tensor fc = other->fc->weight.detach().clone();
+  const auto key = c10::guts::to_string(other->fc->weight.unsafeGetTensorImpl());
+  const auto& state = static_cast<torch::optim::AdamParamState&>(*adam2.state().at(key));
+  const at::Tensor moment = state.exp_avg().clone();
+  const int64_t step = state.step();
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(tmp / "net", other, &adam2); }),
+                  "\"extra\" (asked for by rank 0) is not in the checkpoint");
+  EXPECT_TRUE(at::equal(other->fc->weight, fc));
+  const auto& after = static_cast<torch::optim::AdamParamState&>(*adam2.state().at(key));
+  EXPECT_TRUE(at::equal(after.exp_avg(), moment));
+  EXPECT_EQ(after.step(), step);
 }
 
 // A save killed before its rename leaves a `.partial` directory; the next
@@ -362,7 +391,7 @@ TEST(CheckpointErrors, AnUnfinishedSaveIsNotACheckpoint) {
     fs::create_directories(dir + ".partial");
     std::ofstream(dir + ".partial/model.safetensors") << "half";
   }
-  MPI_Barrier(mpi::world_comm());
+  barrier();
   EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(dir, two_tensors()); }), "no such checkpoint directory");
   checkpoint::save(dir, two_tensors());
   EXPECT_FALSE(fs::exists(dir + ".partial"));
@@ -384,7 +413,7 @@ TEST(CheckpointErrors, AFullDiskIsReportedAndLeavesNothing) {
     fs::remove_all(dir);
     fs::remove_all(big);
   }
-  MPI_Barrier(mpi::world_comm());
+  barrier();
   checkpoint::save(dir, two_tensors());
   const mpi::Partition P = cartesian({mpi::world_size(), 1});
   const Shape huge = {1 << 18, 2};  // 4 MiB of doubles
@@ -395,7 +424,7 @@ TEST(CheckpointErrors, AFullDiskIsReportedAndLeavesNothing) {
   EXPECT_CONTAINS(message, "writing");
   EXPECT_CONTAINS(message, "No space left on device");
   std::printf("a full disk: %s\n", message.c_str());
-  MPI_Barrier(mpi::world_comm());  // rank 0 removes the temporary directory as it raises
+  barrier();  // rank 0 removes the temporary directory as it raises
   EXPECT_FALSE(fs::exists(big) || fs::exists(big + ".partial"));
   auto s = two_tensors();
   for (auto& x : s) x.local = at::zeros_like(x.local);

@@ -93,7 +93,7 @@ Header parse_header(const std::string& text, int64_t file_size, const std::strin
       h.tensors.push_back(entry_of(name, e));
     }
     std::stable_sort(h.tensors.begin(), h.tensors.end(),
-                     [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+                     [](const Entry& a, const Entry& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
     int64_t at = 0;
     for (const Entry& e : h.tensors) {
       // A zero-byte tensor may sit anywhere its neighbours meet.

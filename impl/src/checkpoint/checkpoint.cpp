@@ -96,7 +96,14 @@ std::vector<Piece> local_pieces(const std::vector<Shard>& shards) {
     const std::string what = "\"" + s.name + "\"";
     if (s.name.empty() || s.name == "__metadata__") throw CheckpointError("a tensor may not be named " + what);
     if (!names.insert(s.name).second) throw CheckpointError(what + " is passed twice by one rank");
+    try {
+      (void)json::Value(s.name).dump();
+    } catch (const std::exception&) {
+      throw CheckpointError("a tensor name is not valid UTF-8");
+    }
     if (!s.local.defined()) continue;  // holds nothing
+    if (s.local.device().type() != c10::DeviceType::CPU || s.local.layout() != c10::kStrided)
+      throw CheckpointError(what + ": only dense CPU tensors are saved and loaded");
     Piece p;
     p.rank = mpi::world_rank();
     p.name = s.name;
@@ -129,7 +136,8 @@ std::vector<Piece> gather_pieces(const std::vector<Shard>& shards, std::map<std:
     for (const Piece& p : local_pieces(shards)) mine["pieces"].push_back(describe(p));
     if (counters)
       for (const auto& [k, v] : *counters) mine["counters"][k] = v;
-  } catch (const Error& e) {
+    (void)mine.dump();  // a counter's name that is not UTF-8 fails here, on its own rank
+  } catch (const std::exception& e) {
     error = e.what();
   }
   const std::string text = error.empty() ? mine.dump() : "!" + error;
@@ -301,38 +309,50 @@ std::string read_file(const fs::path& p, int64_t limit) {
 // Rank 0 reads the manifest and the file's header; every rank parses
 // them (so every rank raises the same error).
 Read read_checkpoint(const std::string& dir) {
-  json::Value blob = json::Value::object();
+  // Rank 0's bytes travel as they are (they need not be valid UTF-8):
+  // "!" and an error, or the file's size, the manifest and the header,
+  // each after its length in 20 decimal digits.
+  std::string sent;
   if (mpi::world_rank() == 0) {
+    auto field = [](const std::string& v) {
+      char n[21];
+      std::snprintf(n, sizeof n, "%020zu", v.size());
+      return std::string(n) + v;
+    };
     try {
       const fs::path d(dir);
       if (!fs::is_directory(d)) throw CheckpointError("no such checkpoint directory");
       if (!fs::exists(d / kManifest)) throw CheckpointError("no " + std::string(kManifest));
-      blob["manifest"] = read_file(d / kManifest, 1 << 26);
+      const std::string manifest = read_file(d / kManifest, 1 << 26);
       const fs::path data = d / kDataFile;
       if (!fs::exists(data)) throw CheckpointError("no " + std::string(kDataFile));
       const auto size = static_cast<int64_t>(fs::file_size(data));
       const std::string first8 = read_file(data, 8);
       const int64_t n = safetensors::header_length(first8, size, kDataFile);
-      blob["size"] = size;
-      blob["header"] = read_file(data, 8 + n).substr(8);
+      sent = field(std::to_string(size)) + field(manifest) + field(read_file(data, 8 + n).substr(8));
     } catch (const std::exception& e) {
-      blob = {{"error", e.what()}};
+      sent = "!" + std::string(e.what());
     }
   }
-  // The blob travels as text: rank 0's in the all-gather, the others empty.
-  const auto all = mpi::allgather_strings(mpi::world_rank() == 0 ? blob.dump() : std::string(), mpi::world_comm());
+  const std::string got = mpi::allgather_strings(sent, mpi::world_comm())[0];
   Read r;
   try {
-    blob = json::parse(all[0], "checkpoint");
-    if (blob.contains("error")) throw CheckpointError(blob["error"].get<std::string>());
-    r.manifest = json::parse(blob["manifest"].get<std::string>(), kManifest);
+    if (!got.empty() && got[0] == '!') throw CheckpointError(got.substr(1));
+    std::vector<std::string> fields;
+    for (size_t at = 0; at < got.size() && fields.size() < 3;) {
+      const size_t n = std::stoull(got.substr(at, 20));
+      fields.push_back(got.substr(at + 20, n));
+      at += 20 + n;
+    }
+    const int64_t size = std::stoll(fields.at(0));
+    r.manifest = json::parse(fields.at(1), kManifest);
     const json::Value& m = r.manifest;
     if (!m.is_object() || m.value("format", "") != "partita checkpoint")
       throw CheckpointError(std::string(kManifest) + " is not a partita checkpoint's manifest");
     if (!m.contains("version") || !m["version"].is_number_integer() || m["version"].get<int64_t>() != kFormatVersion)
       throw CheckpointError(std::string(kManifest) + ": format version " + (m.contains("version") ? m["version"].dump() : "missing") +
                             "; this build reads version " + std::to_string(kFormatVersion) + " only");
-    r.header = safetensors::parse_header(blob["header"].get<std::string>(), blob["size"].get<int64_t>(), kDataFile);
+    r.header = safetensors::parse_header(fields.at(2), size, kDataFile);
     // The manifest's tensors must be the file's.
     std::map<std::string, const safetensors::Entry*> in_file;
     for (const auto& e : r.header.tensors) in_file[e.name] = &e;
@@ -440,10 +460,12 @@ void save(const std::string& dir_in, const std::vector<Shard>& shards, const Inf
   // The directory, under its temporary name.
   const fs::path final_dir(dir), partial(dir + ".partial");
   std::string error;
+  bool made = false;  // rank 0 made `partial`
   if (mpi::world_rank() == 0) {
     try {
       if (fs::exists(final_dir)) throw CheckpointError("already exists (a checkpoint is never overwritten)");
       fs::remove_all(partial);
+      made = true;
       fs::create_directories(partial);
       std::ofstream out(partial / kDataFile, std::ios::binary);
       out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
@@ -451,6 +473,8 @@ void save(const std::string& dir_in, const std::vector<Shard>& shards, const Inf
       if (!out) throw CheckpointError("cannot write " + (partial / kDataFile).string());
     } catch (const std::exception& e) {
       error = e.what();
+      std::error_code ignored;
+      if (made) fs::remove_all(partial, ignored);
     }
   }
   agree(error, dir);
@@ -465,16 +489,22 @@ void save(const std::string& dir_in, const std::vector<Shard>& shards, const Inf
     std::vector<Span> mine;
     const int me = mpi::world_rank();
     std::vector<at::Tensor> keep;  // contiguous copies of non-contiguous pieces
-    for (const Shard& s : shards) {
-      if (!s.local.defined() || s.local.numel() == 0) continue;
-      const Global& g = globals.at(s.name);
-      bool writer = false;
-      for (const Piece* q : g.boxes) writer |= q->rank == me && q->start == s.start;
-      if (!writer) continue;
-      keep.push_back(s.local.detach().contiguous());
-      mine.push_back(Span{offset_of.at(s.name), static_cast<int64_t>(keep.back().element_size()), g.shape, s.start,
-                              Shape(s.local.sizes().begin(), s.local.sizes().end()), keep.back().data_ptr()});
+    std::string local_error;       // a copy that failed on this rank alone
+    try {
+      for (const Shard& s : shards) {
+        if (!s.local.defined() || s.local.numel() == 0) continue;
+        const Global& g = globals.at(s.name);
+        bool writer = false;
+        for (const Piece* q : g.boxes) writer |= q->rank == me && q->start == s.start;
+        if (!writer) continue;
+        keep.push_back(s.local.detach().contiguous());
+        mine.push_back(Span{offset_of.at(s.name), static_cast<int64_t>(keep.back().element_size()), g.shape, s.start,
+                            Shape(s.local.sizes().begin(), s.local.sizes().end()), keep.back().data_ptr()});
+      }
+    } catch (const std::exception& e) {
+      local_error = e.what();
     }
+    agree(local_error, dir);
     die_if_asked(final_dir);
     agree(move_data((partial / kDataFile).string(), mine, /*write=*/true, dir), dir);
 
@@ -507,7 +537,7 @@ void save(const std::string& dir_in, const std::vector<Shard>& shards, const Inf
       }
     }
     agree(error, dir);
-  } catch (const CheckpointError&) {
+  } catch (...) {
     if (mpi::world_rank() == 0) {
       std::error_code ignored;
       fs::remove_all(partial, ignored);
@@ -548,17 +578,23 @@ Info load(const std::string& dir_in, const std::vector<Shard>& shards, const Loa
 
   std::vector<Span> mine;
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (staging, destination)
-  for (const Shard& s : shards) {
-    if (!s.local.defined() || s.local.numel() == 0) continue;
-    const safetensors::Entry& e = *in_file.at(s.name);
-    at::Tensor into = s.local;
-    if (!into.is_contiguous()) {
-      into = at::empty(s.local.sizes(), s.local.options().requires_grad(false));
-      copy_back.emplace_back(into, s.local);
+  std::string local_error;  // a staging tensor that failed on this rank alone
+  try {
+    for (const Shard& s : shards) {
+      if (!s.local.defined() || s.local.numel() == 0) continue;
+      const safetensors::Entry& e = *in_file.at(s.name);
+      at::Tensor into = s.local;
+      if (!into.is_contiguous()) {
+        into = at::empty(s.local.sizes(), s.local.options().requires_grad(false));
+        copy_back.emplace_back(into, s.local);
+      }
+      mine.push_back(Span{r.header.data_start + e.begin, static_cast<int64_t>(into.element_size()), e.shape, s.start,
+                          Shape(s.local.sizes().begin(), s.local.sizes().end()), into.data_ptr()});
     }
-    mine.push_back(Span{r.header.data_start + e.begin, static_cast<int64_t>(into.element_size()), e.shape, s.start,
-                            Shape(s.local.sizes().begin(), s.local.sizes().end()), into.data_ptr()});
+  } catch (const std::exception& e) {
+    local_error = e.what();
   }
+  agree(local_error, dir);
   agree(move_data((fs::path(dir) / kDataFile).string(), mine, /*write=*/false, dir), dir);
   at::NoGradGuard no_grad;
   for (auto& [staging, destination] : copy_back) destination.copy_(staging);

@@ -65,66 +65,78 @@ void for_each_module(const std::vector<std::pair<std::string, std::shared_ptr<to
 }
 
 // The optimizer's per-parameter state, as shards of the parameter's block.
-// `finish` runs after a load (the step counts live outside tensors).
+// `finish` runs after a load succeeded: a load reads into staging tensors
+// and only then changes the optimizer's state, so a refused load leaves
+// the state as it was.
 struct OptimizerShards {
   std::vector<Shard> shards;
   std::vector<std::function<void()>> finish;
 };
 
 template <typename State>
+at::Tensor field_of(State& s, const std::string& f) {
+  if constexpr (std::is_same_v<State, torch::optim::SGDParamState>) {
+    return f == "momentum_buffer" ? s.momentum_buffer() : at::Tensor();
+  } else {
+    if (f == "exp_avg") return s.exp_avg();
+    if (f == "exp_avg_sq") return s.exp_avg_sq();
+    if (f == "max_exp_avg_sq") return s.max_exp_avg_sq();
+    return {};
+  }
+}
+
+template <typename State>
+void set_field(State& s, const std::string& f, const at::Tensor& t) {
+  if constexpr (std::is_same_v<State, torch::optim::SGDParamState>) {
+    if (f == "momentum_buffer") s.momentum_buffer(t);
+  } else {
+    if (f == "exp_avg") s.exp_avg(t);
+    if (f == "exp_avg_sq") s.exp_avg_sq(t);
+    if (f == "max_exp_avg_sq") s.max_exp_avg_sq(t);
+  }
+}
+
+template <typename State>
 void state_shards(torch::optim::Optimizer& opt, const std::vector<Shard>& params, const std::set<std::string>* in_file,
                   OptimizerShards& out, const std::vector<std::string>& fields) {
+  constexpr bool kHasStep = !std::is_same_v<State, torch::optim::SGDParamState>;
   auto& states = opt.state();
   for (const Shard& p : params) {
     if (!p.local.defined() || p.local.numel() == 0) continue;
     const std::string key = c10::guts::to_string(p.local.unsafeGetTensorImpl());
     const std::string prefix = "optimizer." + p.name + ".";
-    auto it = states.find(key);
-    if (in_file) {  // loading: the file says whether this parameter has state
-      if (!in_file->count(prefix + fields[0])) {
-        if (it != states.end()) states.erase(it);
-        continue;
+    if (!in_file) {  // saving: the state as it is
+      const auto it = states.find(key);
+      if (it == states.end()) continue;
+      auto& s = static_cast<State&>(*it->second);
+      for (const std::string& f : fields) {
+        const at::Tensor t = field_of(s, f);
+        if (t.defined()) out.shards.push_back(Shard{prefix + f, t, p.global, p.start});
       }
-      if (it == states.end()) {
-        auto s = std::make_unique<State>();
-        it = states.emplace(key, std::move(s)).first;
+      if constexpr (kHasStep)
+        out.shards.push_back(whole(prefix + "step", at::scalar_tensor(static_cast<int64_t>(s.step()), at::kLong)));
+      continue;
+    }
+    // Loading: the checkpoint says whether this parameter has state.
+    if (!in_file->count(prefix + fields[0])) {
+      out.finish.push_back([&states, key] { states.erase(key); });
+      continue;
+    }
+    std::vector<std::pair<std::string, at::Tensor>> staged;
+    for (const std::string& f : fields)
+      if (in_file->count(prefix + f)) {
+        staged.emplace_back(f, at::empty(p.local.sizes(), p.local.options().requires_grad(false)));
+        out.shards.push_back(Shard{prefix + f, staged.back().second, p.global, p.start});
       }
-    }
-    if (it == states.end()) continue;
-    auto& s = static_cast<State&>(*it->second);
-    auto field = [&](const std::string& f) -> at::Tensor {
-      if constexpr (std::is_same_v<State, torch::optim::SGDParamState>) {
-        if (f == "momentum_buffer") {
-          if (in_file && !s.momentum_buffer().defined()) s.momentum_buffer(at::zeros_like(p.local.detach()));
-          return s.momentum_buffer();
-        }
-      } else {
-        if (f == "exp_avg") {
-          if (in_file && !s.exp_avg().defined()) s.exp_avg(at::zeros_like(p.local.detach()));
-          return s.exp_avg();
-        }
-        if (f == "exp_avg_sq") {
-          if (in_file && !s.exp_avg_sq().defined()) s.exp_avg_sq(at::zeros_like(p.local.detach()));
-          return s.exp_avg_sq();
-        }
-        if (f == "max_exp_avg_sq") {
-          const bool wanted = in_file ? in_file->count(prefix + f) > 0 : s.max_exp_avg_sq().defined();
-          if (!wanted) return {};
-          if (in_file && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(at::zeros_like(p.local.detach()));
-          return s.max_exp_avg_sq();
-        }
-      }
-      return {};
-    };
-    for (const std::string& f : fields) {
-      const at::Tensor t = field(f);
-      if (t.defined()) out.shards.push_back(Shard{prefix + f, t, p.global, p.start});
-    }
-    if constexpr (!std::is_same_v<State, torch::optim::SGDParamState>) {
-      at::Tensor step = at::scalar_tensor(static_cast<int64_t>(s.step()), at::kLong);
-      out.shards.push_back(whole(prefix + "step", step));
-      if (in_file) out.finish.push_back([&s, step] { s.step(step.item<int64_t>()); });
-    }
+    const at::Tensor step = at::zeros({}, at::kLong);
+    if constexpr (kHasStep) out.shards.push_back(whole(prefix + "step", step));
+    out.finish.push_back([&states, key, staged, step] {
+      auto it = states.find(key);
+      if (it == states.end()) it = states.emplace(key, std::make_unique<State>()).first;
+      auto& s = static_cast<State&>(*it->second);
+      for (const auto& [f, t] : staged) set_field(s, f, t);
+      if constexpr (kHasStep) s.step(step.item<int64_t>());
+    });
   }
 }
 
@@ -173,7 +185,7 @@ void save_modules(const std::string& dir, const std::vector<std::pair<std::strin
       if (auto d = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(m))
         info.counters[dropout_counter(path)] = static_cast<int64_t>(d->calls());
     });
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     error = e.what();
   }
   detail::agree(error, dir);
@@ -201,7 +213,7 @@ Info load_modules(const std::string& dir, const std::vector<std::pair<std::strin
         dropouts.emplace_back(d, it->second);
       }
     });
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     error = e.what();
   }
   detail::agree(error, dir);
