@@ -1,13 +1,18 @@
 // Save and load of a model-sized set of tensors through partita::checkpoint
 // (docs/checkpoints.md, "Speed and memory"): 16 float32 matrices of
 // --mib/16 MiB each, half split over the ranks by rows and half by
-// columns (strided writes), saved --rounds times and loaded back. Prints,
-// on rank 0, one line per operation: the median seconds, the bytes, the
-// bandwidth, and every rank's peak RSS growth over its shards' bytes.
+// columns (strided writes), saved --rounds times and loaded back twice:
+// from the page cache, as right after the save, and cold, after rank 0
+// dropped the file's pages (posix_fadvise DONTNEED; the save flushed them),
+// as a resume on a fresh allocation reads. Prints, on rank 0, one line per
+// operation: the median seconds, the bytes, the bandwidth, and every rank's
+// peak RSS growth over its shards' bytes.
 // bench/checkpoint_bandwidth.sh runs it at 1, 2 and 4 ranks beside dd.
 //
 //   mpiexec -n 2 build/bench/bench_checkpoint --dir /tmp/ckbench --mib 256 --rounds 3
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 
@@ -38,6 +43,15 @@ long peak_rss_kib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return u.ru_maxrss;
+}
+
+// The page cache's copy of `path` is dropped (its pages are clean: the save
+// flushed them), so the next read comes from the disk.
+void drop_cached_pages(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
 }
 
 }  // namespace
@@ -72,7 +86,7 @@ int main(int argc, char** argv) {
   }
   const long before = peak_rss_kib();
   const double bytes = 16.0 * side * side * 4;
-  std::vector<double> save_s, load_s;
+  std::vector<double> save_s, load_s, cold_s;
   for (int round = 0; round < rounds; ++round) {
     const std::string d = dir + "/round-" + std::to_string(round);
     if (me == 0) std::filesystem::remove_all(d);
@@ -84,6 +98,11 @@ int main(int argc, char** argv) {
     t0 = std::chrono::steady_clock::now();
     checkpoint::load(d, shards);
     load_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (me == 0) drop_cached_pages(d + "/model.safetensors");
+    MPI_Barrier(mpi::world_comm());
+    t0 = std::chrono::steady_clock::now();
+    checkpoint::load(d, shards);
+    cold_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     MPI_Barrier(mpi::world_comm());
     if (me == 0) std::filesystem::remove_all(d);
   }
@@ -96,6 +115,8 @@ int main(int argc, char** argv) {
                 bytes / (1 << 20), bytes / (1 << 20) / median(save_s));
     std::printf("load %d ranks: %.3f s median of %d, %.0f MiB, %.0f MiB/s\n", world, median(load_s), rounds,
                 bytes / (1 << 20), bytes / (1 << 20) / median(load_s));
+    std::printf("cold load %d ranks: %.3f s median of %d, %.0f MiB, %.0f MiB/s\n", world, median(cold_s), rounds,
+                bytes / (1 << 20), bytes / (1 << 20) / median(cold_s));
     std::printf("peak RSS growth over the shards, KiB (growth/shards per rank):%s\n", rss.c_str());
   }
   return 0;

@@ -241,7 +241,7 @@ void build_types(const std::vector<Span>& transfers, Types& types, const std::st
   types.count = 1;
 }
 
-// One collective read or write of `transfers` through `path`.
+// One read or write of `transfers` through `path`, collective over the world.
 std::string move_data(const std::string& path, std::vector<Span> transfers, bool write, const std::string& dir) {
   std::sort(transfers.begin(), transfers.end(), [](const Span& a, const Span& b) { return a.offset < b.offset; });
   std::string error;
@@ -252,26 +252,42 @@ std::string move_data(const std::string& path, std::vector<Span> transfers, bool
     error = e.what();
   }
   agree(error, dir);
-  // Reads: each rank reads its own pieces straight into its tensors. ROMIO's
-  // collective buffering and data sieving would read the file through an
-  // aggregator's buffer (ten times slower from the page cache, measured in
-  // docs/checkpoints.md); writes keep them (pieces of columns become large
-  // contiguous writes).
-  MPI_Info info = MPI_INFO_NULL;
-  if (!write) {
-    MPI_Info_create(&info);
+  // Writes: one collective write through the world. ROMIO aggregates the
+  // pieces of columns into large contiguous writes (collective buffering),
+  // which costs nothing where every rank has its core; where ranks share
+  // cores (the yield waiting policy on some rank, docs/mpi-runtime.md) its
+  // aggregators poll for each other's data without yielding, which took a
+  // 4-rank save on 2 cores from 1.0 s to 2.0 s, so there each rank writes
+  // its own pieces (docs/checkpoints.md, "Speed and memory").
+  // Reads: each rank opens the file on its own and reads its pieces
+  // straight into its tensors. ROMIO's collective buffering and data sieving
+  // would read the file through an aggregator's buffer (ten times slower
+  // from the page cache), and a collective open on ranks that share cores
+  // waits on MPICH's polling (45 ms of a 4-rank load on 2 cores).
+  MPI_Info info;
+  MPI_Info_create(&info);
+  if (write) {
+    if (!mpi::all_true(mpi::wait_policy() != mpi::WaitPolicy::Yield, mpi::world_comm()))
+      MPI_Info_set(info, "romio_cb_write", "disable");
+  } else {
     MPI_Info_set(info, "romio_cb_read", "disable");
     MPI_Info_set(info, "romio_ds_read", "disable");
   }
   MPI_File fh;
-  int rc = MPI_File_open(mpi::world_comm(), path.c_str(), write ? MPI_MODE_WRONLY : MPI_MODE_RDONLY, info, &fh);
-  if (info != MPI_INFO_NULL) MPI_Info_free(&info);
-  agree(rc == MPI_SUCCESS ? "" : mpi_error(rc, "cannot open " + path), dir);
+  int rc = MPI_File_open(write ? mpi::world_comm() : MPI_COMM_SELF, path.c_str(),
+                         write ? MPI_MODE_WRONLY : MPI_MODE_RDONLY, info, &fh);
+  MPI_Info_free(&info);
+  try {
+    agree(rc == MPI_SUCCESS ? "" : mpi_error(rc, "cannot open " + path), dir);
+  } catch (const CheckpointError&) {
+    if (rc == MPI_SUCCESS) MPI_File_close(&fh);  // opened here, not on another rank
+    throw;
+  }
   if (rc == MPI_SUCCESS) rc = MPI_File_set_view(fh, 0, MPI_BYTE, types.file, "native", MPI_INFO_NULL);
   if (rc == MPI_SUCCESS) {
     MPI_Status status;
     rc = write ? MPI_File_write_all(fh, MPI_BOTTOM, types.count, types.memory, &status)
-               : MPI_File_read_all(fh, MPI_BOTTOM, types.count, types.memory, &status);
+               : MPI_File_read(fh, MPI_BOTTOM, types.count, types.memory, &status);
     if (rc == MPI_SUCCESS && types.count) {
       int got = 0;
       MPI_Get_count(&status, types.memory, &got);
