@@ -13,6 +13,10 @@
 // gradients once, as DistributedDataParallel) or stored (seed 002's: stored
 // on replica 0, broadcast in every microbatch's forward; docs/3d.md).
 //
+// --dropout P turns on the hidden dropout (after the embedding, each
+// attention and each MLP; 0, none, by default), each site's masks drawn
+// from the elements' places in the global batch (docs/transformer.md).
+//
 // Checkpoints (docs/checkpoints.md): --checkpoint-every N saves the model
 // and Adam's state after every N steps to DIR/step-K (DIR: --checkpoint-dir,
 // "checkpoints" under the working directory by default) and then points
@@ -23,9 +27,14 @@
 //
 // Prints the layout, then the loss per step (the mean cross-entropy over the
 // global batch, in nats); exits 0 when the loss fell over the run.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <csignal>
@@ -77,6 +86,7 @@ Flags parse(int argc, char** argv) {
     else if (k == "--hidden") f.sizes.hidden = std::stoll(v);
     else if (k == "--heads") f.sizes.heads = std::stoll(v);
     else if (k == "--context") f.sizes.context = std::stoll(v);
+    else if (k == "--dropout") f.sizes.dropout = std::stod(v);
     else if (k == "--checkpoint-every") f.checkpoint_every = std::stoi(v);
     else if (k == "--checkpoint-dir") f.checkpoint_dir = v;
     else if (k == "--resume") f.resume = v;
@@ -107,14 +117,21 @@ std::string checkpoint_of(const std::string& path) {
   return path + "/" + name;
 }
 
-// Rank 0 points dir/latest at `name`: written aside, then renamed over it.
+// Rank 0 points dir/latest at `name`: written aside and flushed, renamed
+// over it, and the directory flushed, so that `latest` never names a
+// checkpoint a crash could lose (an error ends the job).
 void point_latest(const std::string& dir, const std::string& name) {
   if (smp::rank() != 0) return;
-  {
-    std::ofstream out(dir + "/latest.new");
-    out << name << "\n";
-  }
-  std::filesystem::rename(dir + "/latest.new", dir + "/latest");
+  const std::string aside = dir + "/latest.new", line = name + "\n";
+  const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const bool written = fd >= 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) &&
+                       ::fsync(fd) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!written) throw std::runtime_error("train_gpt: cannot write " + aside + ": " + std::strerror(errno));
+  std::filesystem::rename(aside, dir + "/latest");
+  const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (d < 0 || ::fsync(d) != 0) throw std::runtime_error("train_gpt: cannot flush " + dir + ": " + std::strerror(errno));
+  ::close(d);
 }
 
 double group_sum(double v, smp::CommGroup group) {
@@ -134,10 +151,10 @@ int main(int argc, char** argv) {
   const int64_t T = s.context;
   if (smp::rank() == 0)
     std::printf("train_gpt: %d processes = dp %d x pp %d x tp %d, %d microbatches, pipeline %s, Linear layers %s; "
-                "%lld blocks, %lld heads, width %lld, context %lld, vocabulary %lld\n",
+                "%lld blocks, %lld heads, width %lld, context %lld, vocabulary %lld, dropout %g\n",
                 smp::size(), dp, pp, tp, microbatches, smp::config().pipeline().c_str(),
                 s.replicated ? "replicated" : "stored on replica 0", (long long)s.layers,
-                (long long)s.heads, (long long)s.hidden, (long long)T, (long long)s.vocab);
+                (long long)s.heads, (long long)s.hidden, (long long)T, (long long)s.vocab, s.dropout);
   if (f.batch % (dp * microbatches) != 0 || T % tp != 0) {
     if (smp::rank() == 0) std::printf("train_gpt: --batch must divide by dp x microbatches and the context by tp\n");
     return 2;

@@ -3,8 +3,8 @@
 // vocabulary-parallel head and cross-entropy) trained under every layout of
 // the world size and every built-in schedule, in float64, against the same
 // model on one process from the same global parameters: the loss and every
-// parameter after every optimizer step, for SGD with momentum and Adam
-// (docs/transformer.md, "The GPT, equal to one process").
+// parameter after every optimizer step, for SGD with momentum and Adam, and
+// with dropout on (docs/transformer.md, "The GPT, equal to one process").
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -17,6 +17,8 @@
 #include "../examples/gpt/gpt.hpp"
 #include "partita/distribute.hpp"
 #include "partita/mpi/runtime.hpp"
+#include "partita/reference/dropout.hpp"
+#include "partita/reference/partition.hpp"
 #include "partita/smp.hpp"
 #include "partita/smp/checkpoint.hpp"
 #include "partita/smp/pipeline.hpp"
@@ -50,6 +52,7 @@ struct Case {
   std::string schedule;
   Optimizer optimizer;
   bool replicated = true;  // the Linear layers' data parallelism (gpt::Sizes)
+  double dropout = 0;      // gpt::Sizes::dropout
 };
 
 int dp_of(const Case& c) { return mpi::world_size() / (c.pp * c.tp); }
@@ -57,13 +60,39 @@ int dp_of(const Case& c) { return mpi::world_size() / (c.pp * c.tp); }
 std::string name_of(const Case& c) {
   return "pp " + std::to_string(c.pp) + " x tp " + std::to_string(c.tp) + " x dp " + std::to_string(dp_of(c)) +
          ", " + c.schedule + (c.optimizer == Optimizer::kAdam ? ", Adam" : ", SGD with momentum") +
-         (dp_of(c) == 1 ? "" : c.replicated ? ", Linear layers replicated" : ", Linear layers stored on replica 0");
+         (dp_of(c) == 1 ? "" : c.replicated ? ", Linear layers replicated" : ", Linear layers stored on replica 0") +
+         (c.dropout > 0 ? ", dropout " + std::to_string(c.dropout) : "");
 }
 
 gpt::Sizes sizes(const Case& c) {
   gpt::Sizes s = sizes();
   s.replicated = c.replicated;
+  s.dropout = c.dropout;
   return s;
+}
+
+// The distributed run's dropout, on one process (docs/transformer.md,
+// "Seeded dropout"): in step `step`, microbatch j's call of site k is the
+// layer's call step * m + j, and its global tensor is the replicas'
+// microbatches j put together in dp order; each element's mask is drawn
+// from its place there. Global row r of the batch belongs to replica
+// r / (B / dp), its microbatch j, row i of it: row (replica * rows + i) of
+// microbatch j's tensor.
+gpt::Dropout one_process_dropout(const gpt::Sizes& s, int dp, int step) {
+  if (s.dropout == 0) return {};
+  return [s, dp, step](int site, const at::Tensor& x) {
+    const int64_t per_replica = x.size(0) / dp, rows = per_replica / kMicrobatches;
+    const auto one = reference::Partition::world(1).create_cartesian_topology_partition({1, 1, 1});
+    std::vector<at::Tensor> microbatch;  // each microbatch's scaled mask
+    for (int j = 0; j < kMicrobatches; ++j)
+      microbatch.push_back(reference::seeded_dropout(one, s.dropout, s.dropout_seed + site,
+                                                     static_cast<uint64_t>(step) * kMicrobatches + j, {},
+                                                     {at::ones({dp * rows, x.size(1), x.size(2)}, x.options())})[0]);
+    std::vector<at::Tensor> by_row;
+    for (int64_t replica = 0; replica < dp; ++replica)
+      for (int j = 0; j < kMicrobatches; ++j) by_row.push_back(microbatch[j].narrow(0, replica * rows, rows));
+    return x * at::cat(by_row, 0);
+  };
 }
 
 double group_sum(double v, smp::CommGroup g) {
@@ -165,8 +194,8 @@ std::string train_and_compare(const Case& c, OneProcess& ref, int first, int end
   // Every rank stops at the first step after which any rank found a
   // difference (the steps are collective).
   for (int step = first; step < end && mpi::all_true(problem.empty(), mpi::world_comm()); ++step) {
-    const at::Tensor ref_loss =
-        at::cross_entropy_loss(gpt::forward(ref.params, s, ref.ids).reshape({-1, s.vocab}), ref.targets.reshape({-1}));
+    const at::Tensor ref_loss = at::cross_entropy_loss(
+        gpt::forward(ref.params, s, ref.ids, one_process_dropout(s, dp, step)).reshape({-1, s.vocab}), ref.targets.reshape({-1}));
     ref.opt->zero_grad();
     ref_loss.backward();
     ref.opt->step();
@@ -217,14 +246,16 @@ TEST(Gpt, EveryParameterEqualsOneProcessUnderEverySchedule) {
         for (const bool replicated : {true, false}) {
           if (schedule == "interleaved_virtual" && pp == 1 && o == Optimizer::kAdam) continue;  // the same run as 1F1B
           if (!replicated && dp_of({pp, tp, schedule, o}) == 1) continue;  // no copies: the same run
-          PARTITA_EXPECT_AGREED(train_and_compare({pp, tp, schedule, o, replicated}));
+          // Adam trains with dropout on, SGD without.
+          PARTITA_EXPECT_AGREED(train_and_compare({pp, tp, schedule, o, replicated, o == Optimizer::kAdam ? 0.25 : 0.0}));
         }
 }
 
-// Three steps at one layout, a checkpoint of the parameters and the
-// optimizer's state, three more at another layout (another schedule, and
-// the Linear layers stored on replica 0 where there are replicas) from the
-// checkpoint: every step equals one process's six (docs/checkpoints.md).
+// Three steps at one layout, a checkpoint of the parameters, the
+// optimizer's state and the dropout layers' counts, three more at another
+// layout (another schedule, and the Linear layers stored on replica 0 where
+// there are replicas) from the checkpoint, dropout on: every step equals
+// one process's six (docs/checkpoints.md).
 TEST(Gpt, ResumesFromACheckpointAtAnotherLayout) {
   const auto ls = layouts();
   if (ls.empty()) GTEST_SKIP() << "no layout for " << mpi::world_size() << " ranks";
@@ -233,7 +264,7 @@ TEST(Gpt, ResumesFromACheckpointAtAnotherLayout) {
   for (const auto& [pp, tp] : ls)
     for (const auto& [pp2, tp2] : ls)
       for (const Optimizer o : {Optimizer::kSgdMomentum, Optimizer::kAdam}) {
-        const Case a{pp, tp, "interleaved", o, true}, b{pp2, tp2, "interleaved_virtual", o, false};
+        const Case a{pp, tp, "interleaved", o, true, 0.25}, b{pp2, tp2, "interleaved_virtual", o, false, 0.25};
         const std::string dir = tmp / ("step-3-" + std::to_string(n++));
         OneProcess ref = one_process(sizes(a), o, gpt::init_parameters(sizes(a), 7));
         std::string problem = train_and_compare(a, ref, 0, 3, {"", dir});

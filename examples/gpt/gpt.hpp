@@ -11,16 +11,24 @@
 // layers are [batch, tokens / tp, hidden], split by tokens over the stage's
 // tp ranks; the head's output is the logits [batch, tokens, vocab / tp],
 // which nn::VocabParallelCrossEntropy takes with the token-split targets.
+//
+// Dropout (Sizes::dropout > 0): Megatron's hidden dropout, after the
+// embedding and on each block's attention and MLP output before it is
+// added to x, as nn::SeededDropout over the stage's `tokens` partition
+// (docs/transformer.md, "Seeded dropout"). Site k (the embedding 0, block
+// l's attention 2l + 1, its MLP 2l + 2) is seeded dropout_seed + k.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "partita/nn/attention.hpp"
+#include "partita/nn/dropout.hpp"
 #include "partita/nn/layer_norm.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/nn/vocab_parallel.hpp"
@@ -36,7 +44,15 @@ struct Sizes {
   // DistributedDataParallel), or seed 002's, stored on replica 0 and
   // broadcast in every forward (false).
   bool replicated = true;
+  // The probability of the hidden dropout (0: none, and no dropout layer).
+  double dropout = 0;
+  uint64_t dropout_seed = 1000;
 };
+
+// The dropout sites' numbers (see above).
+inline int embedding_site() { return 0; }
+inline int attention_site(int64_t l) { return static_cast<int>(2 * l + 1); }
+inline int mlp_site(int64_t l) { return static_cast<int>(2 * l + 2); }
 
 using Parameters = std::map<std::string, at::Tensor>;
 
@@ -96,15 +112,23 @@ inline at::Tensor attention(const Parameters& p, int64_t l, const Sizes& s, cons
   return at::linear(out, p.at(block_name(l, "attn.proj.weight")), p.at(block_name(l, "attn.proj.bias")));
 }
 
+// Dropout on one process: site k's x [B, T, H] -> x with the site's masks
+// applied (none when empty).
+using Dropout = std::function<at::Tensor(int site, const at::Tensor& x)>;
+
 // ids [B, T] -> logits [B, T, vocab].
-inline at::Tensor forward(const Parameters& p, const Sizes& s, const at::Tensor& ids) {
+inline at::Tensor forward(const Parameters& p, const Sizes& s, const at::Tensor& ids, const Dropout& drop = {}) {
   const int64_t T = ids.size(1);
-  at::Tensor x = at::embedding(p.at("embed.tokens"), ids) + p.at("embed.positions").narrow(0, 0, T).unsqueeze(0);
+  auto dropped = [&](int site, const at::Tensor& x) { return drop ? drop(site, x) : x; };
+  at::Tensor x = dropped(embedding_site(),
+                         at::embedding(p.at("embed.tokens"), ids) + p.at("embed.positions").narrow(0, 0, T).unsqueeze(0));
   for (int64_t l = 0; l < s.layers; ++l) {
-    x = x + attention(p, l, s, layer_norm(x, p.at(block_name(l, "ln1.weight")), p.at(block_name(l, "ln1.bias"))));
+    x = x + dropped(attention_site(l),
+                    attention(p, l, s, layer_norm(x, p.at(block_name(l, "ln1.weight")), p.at(block_name(l, "ln1.bias")))));
     const at::Tensor h = layer_norm(x, p.at(block_name(l, "ln2.weight")), p.at(block_name(l, "ln2.bias")));
-    x = x + at::linear(at::gelu(at::linear(h, p.at(block_name(l, "mlp.up.weight")), p.at(block_name(l, "mlp.up.bias")))),
-                       p.at(block_name(l, "mlp.down.weight")), p.at(block_name(l, "mlp.down.bias")));
+    x = x + dropped(mlp_site(l),
+                    at::linear(at::gelu(at::linear(h, p.at(block_name(l, "mlp.up.weight")), p.at(block_name(l, "mlp.up.bias")))),
+                               p.at(block_name(l, "mlp.down.weight")), p.at(block_name(l, "mlp.down.bias"))));
   }
   x = layer_norm(x, p.at("head.ln.weight"), p.at("head.ln.bias"));
   return at::linear(x, p.at("head.out.weight"), p.at("head.out.bias"));
@@ -119,32 +143,45 @@ inline pn::LinearOptions linear_options(const Sizes& s) {
 }
 inline pn::LayerNormOptions norm_options(const Sizes& s) { return pn::LayerNormOptions().dtype(s.dtype); }
 
+// Site k's dropout on the stage's token-split activations, or none.
+inline pn::SeededDropout dropout(torch::nn::Module& m, const partita::smp::StagePartitions& P, const Sizes& s,
+                                 const std::string& name, int site) {
+  if (s.dropout == 0) return nullptr;
+  return m.register_module(name, pn::SeededDropout(P.tokens, pn::DropoutOptions().p(s.dropout).seed(s.dropout_seed + site)));
+}
+inline at::Tensor maybe_drop(pn::SeededDropout& d, const at::Tensor& x) { return d ? d(x) : x; }
+
 // Input [b, T_s, 2] int64: each token's id and position.
 struct EmbedImpl : torch::nn::Module {
   EmbedImpl(const partita::smp::StagePartitions& P, const Sizes& s) {
     const auto o = pn::EmbeddingOptions().dtype(s.dtype);
     tokens = register_module("tokens", pn::VocabParallelEmbedding(P.tokens, s.vocab, s.hidden, o));
     positions = register_module("positions", pn::VocabParallelEmbedding(P.tokens, s.context, s.hidden, o));
+    drop = dropout(*this, P, s, "drop", embedding_site());
   }
   at::Tensor forward(const at::Tensor& x) {
-    return tokens(x.select(2, 0).contiguous()) + positions(x.select(2, 1).contiguous());
+    return gpt::maybe_drop(drop, tokens(x.select(2, 0).contiguous()) + positions(x.select(2, 1).contiguous()));
   }
   pn::VocabParallelEmbedding tokens{nullptr}, positions{nullptr};
+  pn::SeededDropout drop{nullptr};
 };
 TORCH_MODULE(Embed);
 
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(const partita::smp::StagePartitions& P, const Sizes& s) {
+  BlockImpl(const partita::smp::StagePartitions& P, const Sizes& s, int64_t l) {
     ln1 = register_module("ln1", pn::SequenceParallelLayerNorm(P.tokens, s.hidden, norm_options(s)));
     attn = register_module("attn", pn::ParallelSelfAttention(P.tokens, P.features, s.hidden, s.heads, linear_options(s)));
     ln2 = register_module("ln2", pn::SequenceParallelLayerNorm(P.tokens, s.hidden, norm_options(s)));
     up = register_module("up", pn::DistributedLinearAllGather(P.tokens, P.features, s.hidden, 4 * s.hidden, linear_options(s)));
     down = register_module("down", pn::DistributedLinearReduceScatter(P.features, P.tokens, 4 * s.hidden, s.hidden, linear_options(s)));
+    attn_drop = dropout(*this, P, s, "attn_drop", attention_site(l));
+    mlp_drop = dropout(*this, P, s, "mlp_drop", mlp_site(l));
   }
   at::Tensor forward(at::Tensor x) {
-    x = x + attn(ln1(x));
-    return x + down(at::gelu(up(ln2(x))));
+    x = x + gpt::maybe_drop(attn_drop, attn(ln1(x)));
+    return x + gpt::maybe_drop(mlp_drop, down(at::gelu(up(ln2(x)))));
   }
+  pn::SeededDropout attn_drop{nullptr}, mlp_drop{nullptr};
   pn::SequenceParallelLayerNorm ln1{nullptr}, ln2{nullptr};
   pn::ParallelSelfAttention attn{nullptr};
   pn::DistributedLinearAllGather up{nullptr};
@@ -195,7 +232,7 @@ inline Model build(const std::vector<partita::smp::StagePartitions>& parts, cons
   m.stage_of.push_back(stage(k++));
   m.layers->push_back(m.embed);
   for (int64_t l = 0; l < s.layers; ++l) {
-    m.blocks.emplace_back(parts[stage(k)], s);
+    m.blocks.emplace_back(parts[stage(k)], s, l);
     m.stage_of.push_back(stage(k++));
     m.layers->push_back(m.blocks.back());
   }
