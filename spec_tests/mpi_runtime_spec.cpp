@@ -14,12 +14,17 @@
 #include <mpi.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "detail/header_board.hpp"
+#include "detail/team_comm.hpp"
+#include "partita/errors.hpp"
+#include "partita/testing/lockstep.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/shape.hpp"
 #include "partita/mpi/poll.hpp"
@@ -269,6 +274,53 @@ TEST(WaitingPolicy, WaitsFinishInMpiOnlyWhenBlocking) {
   mpi::wait_all(2, reqs, "a ring of one double");
   EXPECT_EQ(in, (me + n - 1) % n);
   EXPECT_EQ(c["MPI_Waitall"], blocking ? 1 : 0);
+}
+
+// An operation whose wait gave up keeps its buffers (docs/mpi-runtime.md,
+// "Deadlines"): rank 0 gives up an all-gather at its deadline, rank 1 (and
+// the others) join it late, and rank 0 finishes it inside its next wait.
+// The output it writes then must not be memory handed to another tensor
+// since: rank 0 allocates a tensor of the output's size right after giving
+// up (where a freed output would be handed out again) and checks that the
+// late all-gather left it alone.
+TEST(AbandonedOperations, KeepTheirBuffersForALatePeer) {
+  const int me = mpi::world_rank(), n = mpi::world_size();
+  if (n < 2) GTEST_SKIP() << "one rank waits for no one";
+  const mpi::Partition P = world_line();  // a communicator of this test's own
+  const double before = mpi::deadline();
+  const bool gives_up = me == 0;
+  mpi::set_deadline(gives_up ? 0.3 : 60);  // every rank posts the non-blocking form
+  constexpr int64_t kRows = 2048;
+  const at::Tensor x = at::full({kRows}, me + 1.0, at::kDouble);
+  const std::vector<int64_t> lengths(static_cast<size_t>(n), kRows);
+  const long kept = mpi::kept_forever();
+  bool ok = true;
+  at::Tensor after;
+  if (gives_up) {
+    const testing::ExpectedDeadlineMisses expected;
+    bool missed = false;
+    try {
+      mpi::detail::allgather_dim(mpi::detail::group_of(P), x, 0, lengths, "an all-gather given up", nullptr);
+    } catch (const DeadlineError&) {
+      missed = true;
+    }
+    after = at::full({n * kRows}, -7.0, at::kDouble);
+    EXPECT_TRUE(missed) << "rank 0 should have given the all-gather up at its deadline";
+    EXPECT_GT(mpi::kept_forever(), kept) << "the given-up all-gather's buffers were not kept";
+    ok = missed;
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    const at::Tensor y =
+        mpi::detail::allgather_dim(mpi::detail::group_of(P), x, 0, lengths, "an all-gather given up", nullptr);
+    for (int r = 0; r < n; ++r) ok = ok && y.narrow(0, r * kRows, kRows).eq(r + 1.0).all().item<bool>();
+    EXPECT_TRUE(ok) << "rank " << me << ": the late all-gather's result is wrong";
+  }
+  mpi::set_deadline(before);
+  // Rank 0 waits here while the late all-gather finishes into its buffers.
+  EXPECT_TRUE(mpi::all_true(ok, mpi::world_comm()));
+  if (gives_up)
+    EXPECT_TRUE(after.eq(-7.0).all().item<bool>())
+        << "the late all-gather wrote into memory handed to a new tensor: " << after.narrow(0, 0, 4);
 }
 
 }  // namespace

@@ -45,13 +45,14 @@ bool regular_blocks(const std::vector<int>& counts, const std::vector<int>& disp
 
 void allgather_blocks(const void* send, int count, MPI_Datatype type, void* recv,
                       const std::vector<int>& counts, const std::vector<int>& displs,
-                      MPI_Comm comm, const char* what) {
+                      MPI_Comm comm, const char* what, const Abandon& abandon) {
   if (!counts.empty() && regular_blocks(counts, displs))
     call(
         what, [&] { PARTITA_MPI_CHECK(MPI_Allgather(send, count, type, recv, counts[0], type, comm)); },
         [&](MPI_Request* req) {
           PARTITA_MPI_CHECK(MPI_Iallgather(send, count, type, recv, counts[0], type, comm, req));
-        });
+        },
+        abandon);
   else
     call(
         what,
@@ -62,13 +63,14 @@ void allgather_blocks(const void* send, int count, MPI_Datatype type, void* recv
         [&](MPI_Request* req) {
           PARTITA_MPI_CHECK(MPI_Iallgatherv(send, count, type, recv, counts.data(), displs.data(),
                                             type, comm, req));
-        });
+        },
+        abandon);
 }
 
 void alltoall_blocks(bool uniform, const void* send, const std::vector<int>& scounts,
                      const std::vector<int>& sdispls, void* recv, const std::vector<int>& rcounts,
                      const std::vector<int>& rdispls, MPI_Datatype type, MPI_Comm comm,
-                     const char* what) {
+                     const char* what, const Abandon& abandon) {
   if (uniform) {
     if (scounts.empty() || !regular_blocks(scounts, sdispls) || !regular_blocks(rcounts, rdispls) ||
         scounts[0] != rcounts[0])
@@ -77,7 +79,8 @@ void alltoall_blocks(bool uniform, const void* send, const std::vector<int>& sco
         what, [&] { PARTITA_MPI_CHECK(MPI_Alltoall(send, scounts[0], type, recv, rcounts[0], type, comm)); },
         [&](MPI_Request* req) {
           PARTITA_MPI_CHECK(MPI_Ialltoall(send, scounts[0], type, recv, rcounts[0], type, comm, req));
-        });
+        },
+        abandon);
   } else {
     call(
         what,
@@ -88,7 +91,8 @@ void alltoall_blocks(bool uniform, const void* send, const std::vector<int>& sco
         [&](MPI_Request* req) {
           PARTITA_MPI_CHECK(MPI_Ialltoallv(send, scounts.data(), sdispls.data(), type, recv,
                                            rcounts.data(), rdispls.data(), type, comm, req));
-        });
+        },
+        abandon);
   }
 }
 
@@ -107,13 +111,20 @@ void exchange_headers(const Partition& P, const Header& mine, const char* what,
   static_assert(sizeof(Header) <= kBoardBlockBytes, "a header fits a board's block");
   // Every rank on one node: through shared memory (header_board.hpp).
   if (board_allgather(P.comm(), &mine, sizeof(Header), all.data(), what)) return;
+  // This thread's copy of the header, which MPI reads: the caller's may be
+  // gone by the time a late peer joins an abandoned exchange.
+  static thread_local std::unique_ptr<Header> sent;
+  if (!sent) sent = std::make_unique<Header>();
+  *sent = mine;
+  auto abandon = [&] { keep_forever(std::move(sent), std::move(all)); };
   call(
       what,
-      [&] { PARTITA_MPI_CHECK(MPI_Allgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, P.comm())); },
+      [&] { PARTITA_MPI_CHECK(MPI_Allgather(sent.get(), n, MPI_INT64_T, all.data(), n, MPI_INT64_T, P.comm())); },
       [&](MPI_Request* req) {
-        PARTITA_MPI_CHECK(MPI_Iallgather(&mine, n, MPI_INT64_T, all.data(), n, MPI_INT64_T,
+        PARTITA_MPI_CHECK(MPI_Iallgather(sent.get(), n, MPI_INT64_T, all.data(), n, MPI_INT64_T,
                                          P.comm(), req));
-      });
+      },
+      abandon);
 }
 
 namespace {
@@ -560,12 +571,14 @@ at::Tensor allreduce(const Group& g, const at::Tensor& x, MPI_Op op, const std::
   const at::Tensor in = x.contiguous();
   at::Tensor out = fresh(in.sizes(), in.options(), reuse);
   const MPI_Datatype type = mpi_datatype(in.scalar_type());
+  auto keep = [&] { keep_forever(in, out); };
   call(
       what.c_str(),
       [&] { PARTITA_MPI_CHECK(MPI_Allreduce(in.data_ptr(), out.data_ptr(), count, type, op, g.comm)); },
       [&](MPI_Request* req) {
         PARTITA_MPI_CHECK(MPI_Iallreduce(in.data_ptr(), out.data_ptr(), count, type, op, g.comm, req));
-      });
+      },
+      keep);
   return out;
 }
 
@@ -573,11 +586,13 @@ void bcast_inplace(const Group& g, at::Tensor& buf, int root, const std::string&
   if (g.size == 1 || buf.numel() == 0) return;
   const int count = mpi_count(buf.numel(), what);
   const MPI_Datatype type = mpi_datatype(buf.scalar_type());
+  auto keep = [&] { keep_forever(buf); };
   call(
       what.c_str(), [&] { PARTITA_MPI_CHECK(MPI_Bcast(buf.data_ptr(), count, type, root, g.comm)); },
       [&](MPI_Request* req) {
         PARTITA_MPI_CHECK(MPI_Ibcast(buf.data_ptr(), count, type, root, g.comm, req));
-      });
+      },
+      keep);
 }
 
 void reduce_inplace(const Group& g, at::Tensor& buf, MPI_Op op, int root,
@@ -588,11 +603,13 @@ void reduce_inplace(const Group& g, at::Tensor& buf, MPI_Op op, int root,
   void* recv = me ? buf.data_ptr() : nullptr;
   const int count = mpi_count(buf.numel(), what);
   const MPI_Datatype type = mpi_datatype(buf.scalar_type());
+  auto keep = [&] { keep_forever(buf); };
   call(
       what.c_str(), [&] { PARTITA_MPI_CHECK(MPI_Reduce(send, recv, count, type, op, root, g.comm)); },
       [&](MPI_Request* req) {
         PARTITA_MPI_CHECK(MPI_Ireduce(send, recv, count, type, op, root, g.comm, req));
-      });
+      },
+      keep);
 }
 
 at::Tensor reduce_to(const Group& g, const at::Tensor& x, MPI_Op op, int root,
@@ -605,12 +622,14 @@ at::Tensor reduce_to(const Group& g, const at::Tensor& x, MPI_Op op, int root,
   if (count > 0) {
     void* recv = me ? out.data_ptr() : nullptr;
     const MPI_Datatype type = mpi_datatype(in.scalar_type());
+    auto keep = [&] { keep_forever(in, out); };
     call(
         what.c_str(),
         [&] { PARTITA_MPI_CHECK(MPI_Reduce(in.data_ptr(), recv, count, type, op, root, g.comm)); },
         [&](MPI_Request* req) {
           PARTITA_MPI_CHECK(MPI_Ireduce(in.data_ptr(), recv, count, type, op, root, g.comm, req));
-        });
+        },
+        keep);
   }
   return out;
 }
@@ -625,6 +644,7 @@ at::Tensor gather_dim(const Group& g, const at::Tensor& x, int64_t dim,
   out_sizes[dim] = g.rank == root ? total(lengths) : 0;
   at::Tensor staged = blocks_buffer(out_sizes, dim, g.rank == root ? n : 0, c.options());
   const MPI_Datatype type = mpi_datatype(c.scalar_type());
+  auto keep = [&] { keep_forever(std::move(counts), std::move(displs), c, staged); };
   call(
       what.c_str(),
       [&] {
@@ -634,7 +654,8 @@ at::Tensor gather_dim(const Group& g, const at::Tensor& x, int64_t dim,
       [&](MPI_Request* req) {
         PARTITA_MPI_CHECK(MPI_Igatherv(c.data_ptr(), counts.at(g.rank), type, staged.data_ptr(),
                                        counts.data(), displs.data(), type, root, g.comm, req));
-      });
+      },
+      keep);
   return from_blocks(staged, dim, g.rank == root ? lengths : std::vector<int64_t>(), out_sizes);
 }
 
@@ -650,9 +671,12 @@ at::Tensor allgather_dim(const Group& g, const at::Tensor& x, int64_t dim,
   at::DimVector out_sizes(c.sizes().begin(), c.sizes().end());
   out_sizes[dim] = total(lengths);
   at::Tensor staged = blocks_buffer(out_sizes, dim, n, c.options(), reuse);
+  // An abandoned all-gather keeps this thread's counts and displacements
+  // (the next call allocates its own) and both tensors.
+  auto keep = [&] { keep_forever(std::move(counts), std::move(displs), c, staged); };
   if (n > 0)
     allgather_blocks(c.data_ptr(), counts.at(g.rank), mpi_datatype(c.scalar_type()),
-                     staged.data_ptr(), counts, displs, g.comm, what.c_str());
+                     staged.data_ptr(), counts, displs, g.comm, what.c_str(), keep);
   return from_blocks(staged, dim, lengths, out_sizes, nullptr, reuse);
 }
 
@@ -671,6 +695,7 @@ at::Tensor reduce_scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
   if (c.numel() > 0) {
     const MPI_Datatype type = mpi_datatype(c.scalar_type());
     const MPI_Op op = mpi_sum(c.scalar_type());
+    auto keep = [&] { keep_forever(std::move(counts), std::move(displs), staged, out); };  // (as in allgather_dim)
     call(
         what.c_str(),
         [&] {
@@ -680,7 +705,8 @@ at::Tensor reduce_scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
         [&](MPI_Request* req) {
           PARTITA_MPI_CHECK(MPI_Ireduce_scatter(staged.data_ptr(), out.data_ptr(), counts.data(),
                                                 type, op, g.comm, req));
-        });
+        },
+        keep);
   }
   return out;
 }
@@ -702,6 +728,7 @@ at::Tensor scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
   }
   const MPI_Datatype type = mpi_datatype(options.dtype().toScalarType());
   const void* send = g.rank == root ? staged.data_ptr() : nullptr;
+  auto keep = [&] { keep_forever(std::move(counts), std::move(displs), staged, out); };
   call(
       what.c_str(),
       [&] {
@@ -711,7 +738,8 @@ at::Tensor scatter_dim(const Group& g, const at::Tensor& x, int64_t dim,
       [&](MPI_Request* req) {
         PARTITA_MPI_CHECK(MPI_Iscatterv(send, counts.data(), displs.data(), type, out.data_ptr(),
                                         counts.at(g.rank), type, root, g.comm, req));
-      });
+      },
+      keep);
   return out;
 }
 
@@ -835,8 +863,11 @@ at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
         gather_dim != scatter_dim &&
         std::all_of(numelem.begin(), numelem.end(), [&](int64_t n) { return n == numelem[0]; }) &&
         std::all_of(gextents.begin(), gextents.end(), [&](int64_t e) { return e == gextents[0]; });
+    // (Known counts belong to the caller's plan, which an abandoned
+    // operation's caller keeps; computed ones are kept here.)
+    auto keep = [&] { keep_forever(std::move(computed), c, send, recv); };
     alltoall_blocks(uniform, send.data_ptr(), k.scounts, k.sdispls, recv.data_ptr(), k.rcounts,
-                    k.rdispls, mpi_datatype(c.scalar_type()), g.comm, what.c_str());
+                    k.rdispls, mpi_datatype(c.scalar_type()), g.comm, what.c_str(), keep);
   }
   // The received blocks follow each other along gather_dim (equal axes:
   // along the axis, member i's rows being recv_rows[i]).

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "partita/mpi/partition.hpp"
+#include "partita/mpi/runtime.hpp"
 #include "partita/tensor_rules.hpp"
 
 namespace partita::mpi::detail {
@@ -72,14 +73,15 @@ MPI_Datatype mpi_datatype(at::ScalarType t);
 // (docs/benchmarks.md). Every rank must choose alike: the gather's counts
 // are the same list on every rank; for the all-to-all the caller says
 // whether every rank's blocks are equal (`uniform`, from what every rank
-// knows), and the counts must then be regular here.
+// knows), and the counts must then be regular here. `abandon` keeps the
+// buffers of an operation whose wait gave it up (mpi::call).
 void allgather_blocks(const void* send, int count, MPI_Datatype type, void* recv,
                       const std::vector<int>& counts, const std::vector<int>& displs,
-                      MPI_Comm comm, const char* what);
+                      MPI_Comm comm, const char* what, const Abandon& abandon);
 void alltoall_blocks(bool uniform, const void* send, const std::vector<int>& scounts,
                      const std::vector<int>& sdispls, void* recv, const std::vector<int>& rcounts,
                      const std::vector<int>& rdispls, MPI_Datatype type, MPI_Comm comm,
-                     const char* what);
+                     const char* what, const Abandon& abandon);
 MPI_Op mpi_sum(at::ScalarType t);
 int mpi_count(int64_t numel, const std::string& what);
 

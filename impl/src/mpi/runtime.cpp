@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "partita/errors.hpp"
 #include "partita/mpi/poll.hpp"
@@ -400,13 +402,12 @@ std::vector<std::string> allgather_strings(const std::string& mine, MPI_Comm com
     int len = 0;
     std::vector<int> lens, offsets;
   };
-  static std::vector<std::shared_ptr<Buffers>> abandoned;
   auto b = std::make_shared<Buffers>();
   auto finish = [&](MPI_Request& r) {
     try {
       waiter ? waiter(r) : wait(r, "allgather_strings");
     } catch (...) {
-      abandoned.push_back(b);
+      keep_forever(b);
       throw;
     }
   };
@@ -430,11 +431,35 @@ std::vector<std::string> allgather_strings(const std::string& mine, MPI_Comm com
 }
 
 bool all_true(bool local, MPI_Comm comm) {
-  int in = local ? 1 : 0, out = 0;
+  // On the heap: kept when the wait gives the operation up (keep_forever).
+  auto in_out = std::make_unique<std::array<int, 2>>(std::array<int, 2>{local ? 1 : 0, 0});
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Iallreduce(&in, &out, 1, MPI_INT, MPI_LAND, comm, &req));
-  wait(req, "all_true");
-  return out != 0;
+  PARTITA_MPI_CHECK(MPI_Iallreduce(&(*in_out)[0], &(*in_out)[1], 1, MPI_INT, MPI_LAND, comm, &req));
+  try {
+    wait(req, "all_true");
+  } catch (...) {
+    keep_forever(std::move(in_out));
+    throw;
+  }
+  return (*in_out)[1] != 0;
+}
+
+namespace {
+std::mutex g_kept_mutex;
+std::vector<std::shared_ptr<const void>>& kept() {
+  static auto* v = new std::vector<std::shared_ptr<const void>>();  // never destroyed
+  return *v;
+}
+}  // namespace
+
+void keep_forever_ptr(std::shared_ptr<const void> buffers) {
+  const std::lock_guard<std::mutex> lock(g_kept_mutex);
+  kept().push_back(std::move(buffers));
+}
+
+long kept_forever() {
+  const std::lock_guard<std::mutex> lock(g_kept_mutex);
+  return static_cast<long>(kept().size());
 }
 
 }  // namespace partita::mpi

@@ -116,6 +116,10 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
         rcounts[union_rank.at(recvs[i].partner)] = 1;
         rt[union_rank.at(recvs[i].partner)] = rp[i].type->get();
       }
+      auto keep = [&] {
+        mpi::keep_forever(std::move(scounts), std::move(rcounts), std::move(displs), std::move(st),
+                          std::move(rt), src, dst);
+      };
       mpi::call(
           what.c_str(),
           [&] {
@@ -127,7 +131,8 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
             PARTITA_MPI_CHECK(MPI_Ialltoallw(src.data_ptr(), scounts.data(), displs.data(), st.data(),
                                              dst.data_ptr(), rcounts.data(), displs.data(), rt.data(),
                                              P_union.comm(), req));
-          });
+          },
+          keep);
       return;
     }
     const int64_t elsize = static_cast<int64_t>(src.numel() ? src.element_size() : dst.element_size());

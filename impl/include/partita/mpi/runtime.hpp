@@ -13,6 +13,10 @@
 // (blocking_waits(), call(); docs/mpi-runtime.md, "Blocking calls").
 #pragma once
 
+#include <memory>
+#include <tuple>
+#include <type_traits>
+
 #include <mpi.h>
 
 #include <cstdint>
@@ -96,6 +100,35 @@ class WatchedCall {
   bool on_;
 };
 
+// What an operation a wait gave up on (a missed deadline, an interrupt)
+// may still read or write: MPI forbids touching it until the operation
+// finishes, which may be never. keep_forever() holds it for the rest of
+// the process; a thread-local vector handed over by std::move keeps its
+// memory there, and the next call allocates its own.
+void keep_forever_ptr(std::shared_ptr<const void> buffers);
+template <typename... T>
+void keep_forever(T&&... buffers) {
+  keep_forever_ptr(std::make_shared<const std::tuple<std::decay_t<T>...>>(std::forward<T>(buffers)...));
+}
+// How many sets of buffers keep_forever() holds.
+long kept_forever();
+
+// A reference to a callable run when call()'s wait gives its operation up
+// (it hands the operation's buffers to keep_forever); no allocation.
+class Abandon {
+ public:
+  Abandon() = default;
+  template <typename F>
+  Abandon(F& f) : context_(&f), run_([](void* c) { (*static_cast<F*>(c))(); }) {}  // NOLINT: implicit
+  void operator()() const {
+    if (run_) run_(context_);
+  }
+
+ private:
+  void* context_ = nullptr;
+  void (*run_)(void*) = nullptr;
+};
+
 // One MPI operation under the waiting policy: its blocking form
 // (`blocking()`, under the watchdog) where blocking_waits(), else its
 // non-blocking form (`post(&request)`) finished by wait(). Both must be
@@ -106,8 +139,10 @@ class WatchedCall {
 // ScopedWaitInterrupt) must be set on every rank alike. Why: MPICH runs
 // its blocking collectives faster than the non-blocking ones, and by how
 // much depends on the host (docs/mpi-runtime.md, "Blocking calls").
+// `abandon` runs where the wait gives the posted operation up, before the
+// error propagates: it keeps the operation's buffers (keep_forever).
 template <typename Blocking, typename Post>
-void call(const char* what, Blocking&& blocking, Post&& post) {
+void call(const char* what, Blocking&& blocking, Post&& post, const Abandon& abandon) {
   if (blocking_waits()) {
     const WatchedCall watched(what);
     blocking();
@@ -115,7 +150,12 @@ void call(const char* what, Blocking&& blocking, Post&& post) {
   }
   MPI_Request request = MPI_REQUEST_NULL;
   post(&request);
-  wait(request, what);
+  try {
+    wait(request, what);
+  } catch (...) {
+    abandon();
+    throw;
+  }
 }
 
 void set_deadline(double seconds);  // 0: off
