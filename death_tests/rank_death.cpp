@@ -12,6 +12,15 @@
 //               sleeps, and the waiting ranks' watchdog (PARTITA_WAIT_TIMEOUT,
 //               set by the test) must end the job, whether the wait is a
 //               blocking MPI call or partita's own loop (docs/mpi-runtime.md)
+//   slow        as collective, but the victim joins 8 s late: alive and
+//               reachable, so a peer check that probes it must not end
+//               anyone (run with PARTITA_PEER_CHECK=2 across nodes)
+//
+// With a second argument `cut` (run across simulated nodes with network
+// namespaces, tools/simnodes.sh --netns), the victim does not die where it
+// would: it sets its node's link down (`ip link set eth0 down`) and sleeps,
+// alive and unreachable; the others' peer check (docs/mpi-runtime.md, "A
+// lost node") must end them, naming it.
 //
 // Every rank prints "rank R is pid P" at start (Hydra names a process that
 // died by its pid); every rank but the victim prints "rank R waits in MODE"
@@ -45,12 +54,17 @@ using namespace partita;
 
 constexpr int kVictim = 1;
 std::string g_mode;
+bool g_cut = false;
 
 bool victim() { return mpi::world_rank() == kVictim; }
 
 // The victim gives its peers time to reach their wait, then dies.
 [[noreturn]] void die() {
   usleep(500 * 1000);
+  if (g_cut) {
+    if (std::system("ip link set eth0 down") != 0) std::fprintf(stderr, "rank_death: could not cut the link\n");
+    for (;;) sleep(60);  // alive, unreachable: its own peer check or the launcher ends it
+  }
   raise(SIGKILL);
   std::abort();  // not reached
 }
@@ -78,9 +92,13 @@ void collective() {
   const at::Tensor x = at::full({1024}, mpi::world_rank(), at::kDouble);
   (void)layer(x);  // every rank once: the layer's plan is made and agreed
   if (victim()) {
-    if (g_mode != "stuck") die();
-    sleep(60);  // never joins; the launcher ends it with the job
-    std::abort();
+    if (g_mode == "slow") {
+      sleep(8);  // alive and reachable, only late: it joins below
+    } else {
+      if (g_mode != "stuck") die();
+      sleep(60);  // never joins; the launcher ends it with the job
+      std::abort();
+    }
   }
   say("waits in");
   (void)layer(x);
@@ -150,6 +168,7 @@ int main(int argc, char** argv) {
   mpi::Environment env(&argc, &argv);
   torch::set_num_threads(1);
   g_mode = argc > 1 ? argv[1] : "";
+  g_cut = argc > 2 && std::string(argv[2]) == "cut";
   std::printf("rank %d is pid %d\n", mpi::world_rank(), static_cast<int>(getpid()));
   std::fflush(stdout);
   if (mpi::world_size() < 2) {
@@ -157,12 +176,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (g_mode == "collective" || g_mode == "stuck") collective();
+    if (g_mode == "collective" || g_mode == "stuck" || g_mode == "slow") collective();
     else if (g_mode == "pipeline" || g_mode == "throw") pipeline();
     else if (g_mode == "smp_send") smp_send();
     else if (g_mode == "isend") isend();
     else {
-      std::fprintf(stderr, "rank_death: unknown mode '%s' (collective, pipeline, smp_send, isend, throw, stuck)\n",
+      std::fprintf(stderr, "rank_death: unknown mode '%s' (collective, pipeline, smp_send, isend, throw, stuck, slow)\n",
                    g_mode.c_str());
       return 2;
     }

@@ -45,7 +45,38 @@ node_setup='
   exec sh -c "$*"
 '
 if [ -n "$netns" ]; then
-  exec nsenter --net="$netns" unshare -m -u -i sh -c "$node_setup" node "$host" "$netns" "$@"
+  # Like ssh with ServerAliveInterval=1 and ServerAliveCountMax=3: while the
+  # node runs, its link (the bridge's end of its veth pair) is checked once
+  # a second; down three times running, the connection is lost, and this
+  # "ssh" ends with ssh's status for it, 255, so that MPICH's launcher stops
+  # waiting for the node. The node's processes follow it (its proxy by
+  # PR_SET_PDEATHSIG); so do they when the launcher kills this process.
+  setpriv --pdeathsig KILL nsenter --net="$netns" unshare -m -u -i sh -c "$node_setup" node "$host" "$netns" "$@" <&0 &
+  node=$!
+  trap 'kill -TERM "$node" 2>/dev/null' TERM INT HUP
+  # What became of the node, for tools/simnodes.sh: running, ended or lost.
+  mark="$state/proxies/$host.$$"
+  mkdir -p "$state/proxies"
+  : > "$mark.running"
+  trap 'mv -f "$mark.running" "$mark.${outcome:-ended}" 2>/dev/null || true' EXIT
+  down=0
+  while :; do
+    if ip -o link show "sn-$host" 2>/dev/null | grep -q LOWER_UP; then down=0; else down=$((down + 1)); fi
+    if [ "$down" -ge 3 ]; then
+      echo "simnodes-exec: lost the connection to $host (its link is down)" >&2
+      outcome=lost
+      exit 255
+    fi
+    sleep 1 &
+    tick=$!
+    finished=""
+    status=0
+    wait -n -p finished "$node" "$tick" || status=$?
+    if [ "$finished" = "$node" ]; then
+      kill "$tick" 2>/dev/null || true
+      exit "$status"
+    fi
+  done
 else
   exec unshare -m -u -i sh -c "$node_setup" node "$host" "" "$@"
 fi

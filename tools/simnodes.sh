@@ -30,7 +30,8 @@
 # directory under $TMPDIR (the mount point of the job's private tmpfs)
 # while the job runs.
 #
-# Exit status: COMMAND's (as mpiexec reports it); 124 when the timeout
+# Exit status: COMMAND's (as mpiexec reports it); 255 when a node was lost
+# (its link down: the launcher is ended once no node is left running); 124 when the timeout
 # (default 600 s) ended the job; 77 when namespaces cannot be made here (not
 # root): callers treat that as skipped (ctest's SKIP_RETURN_CODE); 2 for a
 # bad command line.
@@ -220,9 +221,30 @@ SECONDS=0
 timeout -k 10 "$timeout_s" "$mpiexec" -launcher ssh -launcher-exec "$self_dir/simnodes-exec.sh" \
   -hosts "$hosts" -n "$total" "$@" &
 job=$!
+# MPICH's launcher waits for a node whose connection is lost until TCP gives
+# up on it (many minutes). Once every node's proxy has ended or been lost
+# (simnodes-exec.sh marks them under $state/proxies), and at least one was
+# lost, nothing is left to wait for: the launcher is ended, as a cluster's
+# resource manager ends a job step on a failed node.
 set +e
-wait "$job"
-status=$?
+while :; do
+  sleep 0.5 &
+  tick=$!
+  finished=""
+  wait -n -p finished "$job" "$tick"
+  status=$?
+  [ "$finished" = "$job" ] && break
+  if compgen -G "$state/proxies/*.lost" >/dev/null && ! compgen -G "$state/proxies/*.running" >/dev/null; then
+    lost="$(cd "$state/proxies" && ls -- *.lost | sed 's/\..*//' | sort -u | tr '\n' ' ')"
+    echo "simnodes: every node's proxy has ended or been lost (lost: ${lost% }); ending the launcher" >&2
+    kill -TERM "$job" 2>/dev/null
+    sleep 2 & wait $!
+    kill -KILL "$job" 2>/dev/null
+    wait "$job"
+    status=255
+    break
+  fi
+done
 set -e
 job=""
 # 124: the timeout's SIGTERM ended mpiexec; 137: mpiexec had not ended

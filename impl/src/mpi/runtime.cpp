@@ -21,6 +21,7 @@
 #include "partita/errors.hpp"
 #include "partita/mpi/poll.hpp"
 #include "partita/mpi/progress.hpp"
+#include "peer_check.hpp"
 
 namespace partita::mpi {
 
@@ -203,9 +204,11 @@ Environment::Environment(int* argc, char*** argv) {
   int mine = blocking_from_environment() && g_policy == WaitPolicy::Spin && g_deadline == 0, all = 0;
   PARTITA_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, g_world));
   g_blocking = all != 0;
+  detail::peer_check_start(g_world);
 }
 
 Environment::~Environment() {
+  detail::peer_check_stop();
   g_watchdog.finish();
   if (g_world != MPI_COMM_NULL) MPI_Comm_free(&g_world);
   if (owns_mpi_) MPI_Finalize();
@@ -225,6 +228,7 @@ bool blocking_waits() {
 }
 
 WatchedCall::WatchedCall(const char* what) : on_(g_timeout > 0) {
+  if (detail::g_peer_check_on) detail::peer_wait_begin(what);
   if (!on_) return;
   g_watchdog.start();
   g_watchdog.progress.fetch_add(1, std::memory_order_release);
@@ -232,6 +236,7 @@ WatchedCall::WatchedCall(const char* what) : on_(g_timeout > 0) {
   g_watchdog.call.store(++g_watchdog.calls, std::memory_order_release);
 }
 WatchedCall::~WatchedCall() {
+  if (detail::g_peer_check_on) detail::peer_wait_end();
   if (!on_) return;
   g_watchdog.progress.fetch_add(1, std::memory_order_release);
   g_watchdog.call.store(0, std::memory_order_release);
@@ -283,9 +288,21 @@ namespace {
 constexpr unsigned kYieldsBeforeNap = 64;
 constexpr long kFirstNapNs = 20000, kLongestNapNs = 200000;
 
+// Tells the peer check (peer_check.hpp) that a wait is running.
+struct PeerWait {
+  explicit PeerWait(const char* what) : on_(detail::g_peer_check_on) {
+    if (on_) detail::peer_wait_begin(what);
+  }
+  ~PeerWait() {
+    if (on_) detail::peer_wait_end();
+  }
+  bool on_;
+};
+
 template <typename Test>
 void poll_until(Test&& done, const char* what, bool counts) {
   const Watchdog::InWait counted(g_watchdog);
+  const PeerWait peer(what);
   const auto start = std::chrono::steady_clock::now();
   unsigned polls = 0;
   long nap_ns = kFirstNapNs;
