@@ -61,7 +61,7 @@ endfunction()
 # `partita conformance --suites FILE`: call once, after the suites.
 #   partita_write_conformance_manifest(FILE path [UNIMPLEMENTED name ...])
 function(partita_write_conformance_manifest)
-  cmake_parse_arguments(ARG "" "FILE" "UNIMPLEMENTED" ${ARGN})
+  cmake_parse_arguments(ARG "" "FILE;SIMNODES" "UNIMPLEMENTED" ${ARGN})
   if(NOT ARG_FILE)
     message(FATAL_ERROR "partita_write_conformance_manifest: FILE is required")
   endif()
@@ -70,6 +70,12 @@ function(partita_write_conformance_manifest)
     list(APPEND suites "{\"name\": \"${p}\", \"unimplemented\": \"no implementation yet\"}")
   endforeach()
   string(REPLACE ";" ",\n  " body "${suites}")
+  # SIMNODES: the simulated-node launcher `partita conformance --nodes` runs
+  # the suites through (tools/simnodes.sh).
+  set(simnodes "")
+  if(ARG_SIMNODES)
+    set(simnodes "\"simnodes\": \"${ARG_SIMNODES}\", ")
+  endif()
   file(GENERATE OUTPUT ${ARG_FILE}
-       CONTENT "{\"mpiexec\": \"${PARTITA_MPIEXEC}\", \"suites\": [\n  ${body}\n]}\n")
+       CONTENT "{\"mpiexec\": \"${PARTITA_MPIEXEC}\", ${simnodes}\"suites\": [\n  ${body}\n]}\n")
 endfunction()

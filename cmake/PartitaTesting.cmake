@@ -39,5 +39,6 @@ set(PARTITA_UNIMPLEMENTED "")
 # conformance` runs. Called once, after every suite is declared.
 function(partita_write_partita_manifest)
   partita_write_conformance_manifest(FILE $<TARGET_FILE_DIR:partita>/conformance_suites.json
+                                     SIMNODES ${PROJECT_SOURCE_DIR}/tools/simnodes.sh
                                      UNIMPLEMENTED ${PARTITA_UNIMPLEMENTED})
 endfunction()

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "partita/cli.hpp"
 #include "partita/errors.hpp"
@@ -143,8 +144,10 @@ std::string junit_xml(const std::vector<Row>& rows) {
 }
 
 struct Options {
-  std::string suites_file, ranks, json_out, junit_out, filter;
+  std::string suites_file, ranks, json_out, junit_out, filter, simnodes;
   int timeout = 900;
+  int nodes = 1;  // > 1: over that many simulated nodes (tools/simnodes.sh)
+  bool netns = false;
 };
 
 int conformance(const Options& opt) {
@@ -154,6 +157,14 @@ int conformance(const Options& opt) {
   const std::vector<int> only_ranks = opt.ranks.empty() ? std::vector<int>{} : parse_ranks(opt.ranks);
   const json::Value manifest = json::parse(read_file(suites_file), suites_file);
   const std::string mpiexec = manifest.at("mpiexec").get<std::string>();
+  std::string simnodes = opt.simnodes;
+  if (opt.nodes > 1 && simnodes.empty()) {
+    if (!manifest.contains("simnodes"))
+      throw Error("partita conformance: --nodes " + std::to_string(opt.nodes) + ": " + suites_file +
+                  " names no simulated-node launcher; give one with --simnodes PATH (tools/simnodes.sh)");
+    simnodes = manifest.at("simnodes").get<std::string>();
+  }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<Row> rows;
   const std::string tmp = "/tmp/partita-conformance-" + std::to_string(getpid()) + ".json";
   for (const auto& s : manifest.at("suites")) {
@@ -170,19 +181,30 @@ int conformance(const Options& opt) {
       if (!only_ranks.empty() &&
           std::find(only_ranks.begin(), only_ranks.end(), n) == only_ranks.end())
         continue;
+      if (opt.nodes > 1 && n % opt.nodes != 0) continue;  // the nodes hold n / nodes ranks each
       Row row;
       row.suite = name;
       row.ranks = static_cast<int>(n);
       std::remove(tmp.c_str());
       std::ostringstream repro;
-      repro << shell_quote(mpiexec) << " -n " << n << " "
-            << shell_quote(s.at("binary").get<std::string>());
+      std::string deadline = "${PARTITA_DEADLINE:-10}";
+      if (opt.nodes > 1) {
+        // The simulated nodes share this machine's cores, which partita's
+        // deadline scaling cannot see (it counts a node's ranks): the
+        // deadline is scaled here by the job's ranks per core.
+        repro << shell_quote(simnodes) << " --nodes " << opt.nodes << " --ranks-per-node " << n / opt.nodes
+              << (opt.netns ? " --netns" : "") << " --no-finalize --timeout " << timeout << " -- ";
+        deadline = "$((${PARTITA_DEADLINE:-10} * " + std::to_string((n + cores - 1) / cores) + "))";
+      } else {
+        repro << shell_quote(mpiexec) << " -n " << n << " ";
+      }
+      repro << shell_quote(s.at("binary").get<std::string>());
       if (!filter.empty()) repro << " --gtest_filter=" << shell_quote(filter);
       row.command = repro.str();
       std::ostringstream cmd;
       // A stuck wait fails its case within seconds (deadline mode, scaled by
       // ranks per core) instead of waiting for the watchdog (issue 18).
-      cmd << "PARTITA_DEADLINE=${PARTITA_DEADLINE:-10} PARTITA_WAIT_TIMEOUT="
+      cmd << "PARTITA_DEADLINE=" << deadline << " PARTITA_WAIT_TIMEOUT="
           << std::max(10, timeout - 30) << " timeout -k 10 " << timeout
           << " " << row.command << " --gtest_output=json:" << tmp << " > " << tmp << ".log 2>&1";
       std::cout << "running " << name << " at " << n << " ranks ..." << std::flush;
@@ -218,7 +240,10 @@ int conformance(const Options& opt) {
   }
   std::remove(tmp.c_str());
 
-  std::cout << "\nConformance summary\n";
+  std::cout << "\nConformance summary";
+  if (opt.nodes > 1)
+    std::cout << " over " << opt.nodes << " simulated nodes" << (opt.netns ? " (network namespaces)" : "");
+  std::cout << "\n";
   std::cout << std::left << std::setw(28) << "suite" << std::setw(7) << "ranks" << std::setw(8)
             << "passed" << std::setw(8) << "failed" << std::setw(9) << "skipped" << std::setw(10)
             << "seconds" << "status\n";
@@ -271,6 +296,14 @@ void add_conformance(CLI::App& app, std::function<int()>& action, const std::str
   c->add_option("--junit", o->junit_out,
                 "also write a JUnit XML report to FILE (one testcase per suite and rank count)");
   c->add_option("--filter", o->filter, "a GoogleTest filter passed to every suite");
+  c->add_option("--nodes", o->nodes,
+                "run over N simulated nodes (tools/simnodes.sh, as root): each suite at the rank "
+                "counts N divides, N nodes of ranks/N ranks")
+      ->check(CLI::Range(1, 200))
+      ->capture_default_str();
+  c->add_option("--simnodes", o->simnodes,
+                "the simulated-node launcher for --nodes (default: the one the manifest names)");
+  c->add_flag("--netns", o->netns, "with --nodes: every node in its own network namespace");
   c->callback([o, &action] { action = [o] { return conformance(*o); }; });
 }
 
