@@ -19,6 +19,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
 
+#include <cstdlib>
+#include <string>
+
 namespace partita::bench {
 
 #ifdef PARTITA_BENCH_GLOO
@@ -53,7 +56,12 @@ c10d::ProcessGroupGloo& group() {
 
 }  // namespace
 
-bool gloo_available() { return true; }
+// PARTITA_BENCH_GLOO=0 leaves the peer out (its store and devices are on
+// 127.0.0.1: one node only; bench/multinode_speed.sh sets it).
+bool gloo_available() {
+  const char* env = std::getenv("PARTITA_BENCH_GLOO");
+  return !(env && std::string(env) == "0");
+}
 
 std::string gloo_description(const std::string& call) {
   return "c10d::ProcessGroupGloo " + call + " (FileStore, 127.0.0.1, 1 thread)";
