@@ -21,6 +21,8 @@ set(ref ${SOURCE_DIR}/reference/src)
 # and moves no bytes.
 set(no_twin
   mpi/runtime.cpp       # MPI's environment and the waiting policy
+  mpi/peer_check.cpp    # the lost-node probes between ranks' hosts
+  mpi/peer_check.hpp
   mpi/buffer_cache.cpp  # MPI's reusable message buffers
   mpi/tensor_data.cpp   # tensors over Partition's byte transport (the reference's
                         # partition.cpp emulates the bytes themselves)
