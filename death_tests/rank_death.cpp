@@ -6,7 +6,7 @@
 //   pipeline    in its stage's forward of microbatch 1 inside smp::step
 //   smp_send    rank 0 is in smp::send (synchronous) to rank 1, the others
 //               in smp::barrier
-//   isend       a ring of Communicator isend/irecv of 1 MiB, then wait
+//   isend       a ring of Communicator isend/irecv of 1 MiB both ways, then wait
 //   throw       as pipeline, but the victim's layer throws (user code)
 //   stuck       as collective, but the victim neither dies nor joins: it
 //               sleeps, and the waiting ranks' watchdog (PARTITA_WAIT_TIMEOUT,
@@ -153,13 +153,19 @@ void isend() {
   const auto comm = mpi::Communicator::world().dup();
   const int n = comm.size(), r = comm.rank();
   const at::Tensor t = at::full({1 << 17}, r, at::kDouble);  // 1 MiB: not sent eagerly
-  const at::Tensor in = at::empty({1 << 17}, at::kDouble);
+  const at::Tensor in = at::empty({1 << 17}, at::kDouble), back = at::empty({1 << 17}, at::kDouble);
   if (victim()) die();
   say("waits in");
+  // Both ways round the ring, so that every rank receives from the victim:
+  // a send may complete without its receiver (between nodes it does).
   auto s = comm.isend(t, (r + 1) % n, 7);
+  auto s2 = comm.isend(t, (r + n - 1) % n, 8);
   auto q = comm.irecv(in, (r + n - 1) % n, 7);
+  auto q2 = comm.irecv(back, (r + 1) % n, 8);
   (void)comm.wait(s);
+  (void)comm.wait(s2);
   (void)comm.wait(q);
+  (void)comm.wait(q2);
 }
 
 }  // namespace
