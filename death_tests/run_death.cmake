@@ -20,6 +20,7 @@
 #              environment), WHAT naming an AllSumReduce.
 #
 # cmake -DMPIEXEC=... -DPROGRAM=... -DGUARD=... -DMODE=... -DRANKS=3 -DVICTIM=1 -DNAMING=guard -P run_death.cmake
+include(${CMAKE_CURRENT_LIST_DIR}/death_verdict.cmake)
 foreach(v MPIEXEC PROGRAM GUARD MODE RANKS VICTIM NAMING)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "run_death.cmake: -D${v}=... is required")
@@ -88,19 +89,11 @@ else()
 endif()
 
 math(EXPR last "${RANKS} - 1")
+set(survivors "")
 foreach(r RANGE ${last})
-  if(r EQUAL VICTIM)
-    continue()
-  endif()
-  if(NOT all MATCHES "rank ${r} waits in ${MODE}")
-    string(APPEND problems "rank ${r} never reached the operation; ")
-  endif()
-  if(all MATCHES "rank ${r} finished ${MODE}")
-    string(APPEND problems "rank ${r} returned from an operation its peer never joined; ")
+  if(NOT r EQUAL VICTIM)
+    list(APPEND survivors ${r})
   endif()
 endforeach()
-
-if(problems)
-  message(FATAL_ERROR "${problems}\n${report}")
-endif()
-message(STATUS "${report}")
+death_check_survivors("its peer" ${survivors})
+death_verdict()
