@@ -15,8 +15,10 @@
 # between nodes goes through a network interface, not the loopback. The
 # hostnames resolve through a private /etc/hosts.
 #
-# --no-finalize preloads into every rank an MPI_Finalize that returns at once
-# (tools/simnodes_no_finalize.c, compiled with ${CC:-cc} at start): with
+# --no-finalize preloads into every rank an MPI_Finalize that skips MPI's
+# shutdown but finalizes the rank's PMI connection, so that the launcher
+# takes its exit status (tools/simnodes_no_finalize.c, compiled with
+# ${CC:-cc} at start): with
 # MPICH 4.0.2 and UCX 1.13, a job whose ranks talk over TCP hangs in
 # MPI_Finalize in some runs, one rank waiting for a peer that already waits
 # in Hydra's final barrier. The exit status is still the program's.
