@@ -14,6 +14,7 @@
 #include <mpi.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -32,6 +33,7 @@
 #include "partita/nn/all_gather.hpp"
 #include "partita/nn/all_sum_reduce.hpp"
 #include "partita/nn/broadcast.hpp"
+#include "partita/nn/functional.hpp"
 #include "partita/nn/sum_reduce.hpp"
 
 namespace {
@@ -321,6 +323,85 @@ TEST(AbandonedOperations, KeepTheirBuffersForALatePeer) {
   if (gives_up)
     EXPECT_TRUE(after.eq(-7.0).all().item<bool>())
         << "the late all-gather wrote into memory handed to a new tensor: " << after.narrow(0, 0, 4);
+}
+
+// Rank 0 gives `op` up at a 0.3 s deadline; the other ranks call it 1.5 s
+// late. Right after giving up, rank 0 allocates `numel` doubles of -7 (where
+// a freed buffer of the operation would be handed out again), and once the
+// late operation has finished into rank 0's buffers, that tensor must be
+// untouched.
+void expect_late_peer_leaves_new_memory_alone(const std::function<void()>& op, int64_t numel,
+                                              const std::string& what) {
+  const bool gives_up = mpi::world_rank() == 0;
+  const double before = mpi::deadline();
+  mpi::set_deadline(gives_up ? 0.3 : 60);
+  const long kept = mpi::kept_forever();
+  bool ok = true;
+  at::Tensor after;
+  if (gives_up) {
+    const testing::ExpectedDeadlineMisses expected;
+    bool missed = false;
+    try {
+      op();
+    } catch (const DeadlineError&) {
+      missed = true;
+    }
+    after = at::full({numel}, -7.0, at::kDouble);
+    EXPECT_TRUE(missed) << "rank 0 should have given the " << what << " up at its deadline";
+    EXPECT_GT(mpi::kept_forever(), kept) << "the given-up " << what << "'s buffers were not kept";
+    ok = missed;
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    op();
+  }
+  mpi::set_deadline(before);
+  // Rank 0 waits here while the late messages arrive in its buffers.
+  EXPECT_TRUE(mpi::all_true(ok, mpi::world_comm()));
+  if (gives_up) {
+    const at::Tensor changed = after.ne(-7.0).nonzero();
+    EXPECT_EQ(changed.numel(), 0) << "the late " << what << " wrote into memory handed to a new tensor, at "
+                                  << changed.view({-1}).narrow(0, 0, std::min<int64_t>(4, changed.numel()));
+  }
+}
+
+// The same for a repartition's point-to-point messages: rank 0 gathers a
+// 1-D tensor from every rank (P_x the world's line, P_y rank 0 alone), the
+// plan made and pinned in a first call every rank makes in time (static
+// shapes: the second call exchanges no header). The pieces of the late
+// ranks land where rank 0's output was.
+TEST(AbandonedOperations, RepartitionKeepsItsBuffersForALatePeer) {
+  const int me = mpi::world_rank(), n = mpi::world_size();
+  if (n < 2) GTEST_SKIP() << "one rank waits for no one";
+  const mpi::Partition P_y =
+      mpi::Partition::world().create_partition_inclusive({0}).create_cartesian_topology_partition({1});
+  const nn::functional::RepartitionPlan plan(world_line(), P_y, nn::RepartitionExchange::kPointToPoint,
+                                         Shapes::kStatic);
+  constexpr int64_t kRows = 2048;
+  const at::Tensor x = at::full({kRows}, me + 1.0, at::kDouble);
+  {
+    const at::Tensor y = nn::functional::repartition(x, plan);  // in time: the plan is made and pinned
+    bool ok = me != 0 || y.numel() == n * kRows;
+    for (int r = 0; ok && me == 0 && r < n; ++r) ok = y.narrow(0, r * kRows, kRows).eq(r + 1.0).all().item<bool>();
+    EXPECT_TRUE(ok) << "rank 0 gathered " << y.narrow(0, 0, std::min<int64_t>(4, y.numel()));
+  }
+  expect_late_peer_leaves_new_memory_alone([&] { (void)nn::functional::repartition(x, plan); }, n * kRows,
+                                           "repartition");
+}
+
+// And for a halo exchange's: rank 0's window (a copy of its input, a ghost
+// on each side) waits for rank 1's boundary element.
+TEST(AbandonedOperations, HaloExchangeKeepsItsBuffersForALatePeer) {
+  const int me = mpi::world_rank(), n = mpi::world_size();
+  if (n < 2) GTEST_SKIP() << "one rank waits for no one";
+  const nn::functional::HaloExchangePlan plan(world_line(), {1}, {1}, Shapes::kStatic);
+  constexpr int64_t kWindow = 2050;  // 2048 elements and a ghost on each side
+  const at::Tensor x = at::full({kWindow}, me + 1.0, at::kDouble);
+  {
+    const at::Tensor y = nn::functional::halo_exchange(x, plan);  // in time: the plan is made and pinned
+    if (me == 0) EXPECT_EQ(y[kWindow - 1].item<double>(), 2.0) << "rank 1's boundary element";
+  }
+  expect_late_peer_leaves_new_memory_alone([&] { (void)nn::functional::halo_exchange(x, plan); }, kWindow,
+                                           "halo exchange");
 }
 
 }  // namespace

@@ -235,7 +235,11 @@ while :; do
   finished=""
   wait -n -p finished "$job" "$tick"
   status=$?
-  [ "$finished" = "$job" ] && break
+  if [ "$finished" = "$job" ]; then
+    kill "$tick" 2>/dev/null || true
+    wait "$tick" 2>/dev/null || true  # (quietly: no "Terminated" line)
+    break
+  fi
   if compgen -G "$state/proxies/*.lost" >/dev/null && ! compgen -G "$state/proxies/*.running" >/dev/null; then
     lost="$(cd "$state/proxies" && ls -- *.lost | sed 's/\..*//' | sort -u | tr '\n' ' ')"
     echo "simnodes: every node's proxy has ended or been lost (lost: ${lost% }); ending the launcher" >&2

@@ -280,9 +280,11 @@ namespace {
 // not in the team.
 int team_root(const Partition& team) { return team.active() ? team.workers().at(0) : -1; }
 
-template <typename First, typename Second, typename Meanwhile>
+// `keep` runs where the wait gives the posted operations up: it keeps their
+// buffers (keep_forever).
+template <typename First, typename Second, typename Meanwhile, typename Keep>
 void both_or_one(bool has_first, int first_root, First&& first, bool has_second, int second_root,
-                 Second&& second, Meanwhile&& meanwhile, const std::string& what) {
+                 Second&& second, Meanwhile&& meanwhile, Keep& keep, const std::string& what) {
   if (blocking_waits()) {
     const WatchedCall watched(what.c_str());
     const bool second_first = has_first && has_second && second_root < first_root;
@@ -297,7 +299,7 @@ void both_or_one(bool has_first, int first_root, First&& first, bool has_second,
   if (has_first) first(&reqs[n++]);
   if (has_second) second(&reqs[n++]);
   meanwhile();
-  wait_all(n, reqs, what.c_str());
+  wait_all(n, reqs, what.c_str(), keep);
 }
 }  // namespace
 
@@ -338,8 +340,9 @@ at::Tensor bcast_teams(const Partition& root_team, const Partition& member_team,
     if (!req) return PARTITA_MPI_CHECK(MPI_Bcast(out.data_ptr(), member_count, type, 0, member_team.comm()));
     PARTITA_MPI_CHECK(MPI_Ibcast(out.data_ptr(), member_count, type, 0, member_team.comm(), req));
   };
+  auto keep = [&] { keep_forever(send, out); };
   both_or_one(root_count > 0, team_root(root_team), as_root, member_count > 0,
-              team_root(member_team), as_member, copy_for_self, what);
+              team_root(member_team), as_member, copy_for_self, keep, what);
   return out;
 }
 
@@ -373,8 +376,9 @@ at::Tensor reduce_teams(const Partition& root_team, const Partition& member_team
     PARTITA_MPI_CHECK(MPI_Ireduce(in, out.data_ptr(), root_count, mpi_datatype(t), mpi_sum(t), 0,
                                   root_team.comm(), req));
   };
+  auto keep = [&] { keep_forever(send, out); };
   both_or_one(member_count > 0, team_root(member_team), as_member, root_count > 0,
-              team_root(root_team), as_root, [] {}, what);
+              team_root(root_team), as_root, [] {}, keep, what);
   return out;
 }
 
@@ -835,7 +839,8 @@ AlltoallCounts alltoall_checked_counts(int me, at::IntArrayRef sizes, int64_t ga
 at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
                         int64_t scatter_dim, const std::vector<int64_t>& gextents,
                         const std::vector<int64_t>& numelem, const std::string& what,
-                        const at::Tensor* into, const AlltoallCounts* known) {
+                        const at::Tensor* into, const AlltoallCounts* known,
+                        std::shared_ptr<const void> known_owner) {
   const int p = g.size, me = g.rank;
   AlltoallCounts computed;
   if (!known)
@@ -863,9 +868,8 @@ at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
         gather_dim != scatter_dim &&
         std::all_of(numelem.begin(), numelem.end(), [&](int64_t n) { return n == numelem[0]; }) &&
         std::all_of(gextents.begin(), gextents.end(), [&](int64_t e) { return e == gextents[0]; });
-    // (Known counts belong to the caller's plan, which an abandoned
-    // operation's caller keeps; computed ones are kept here.)
-    auto keep = [&] { keep_forever(std::move(computed), c, send, recv); };
+    // (Known counts are kept with their owner, computed ones as they are.)
+    auto keep = [&] { keep_forever(std::move(computed), std::move(known_owner), c, send, recv); };
     alltoall_blocks(uniform, send.data_ptr(), k.scounts, k.sdispls, recv.data_ptr(), k.rcounts,
                     k.rdispls, mpi_datatype(c.scalar_type()), g.comm, what.c_str(), keep);
   }

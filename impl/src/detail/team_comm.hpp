@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -226,11 +227,14 @@ struct AlltoallCounts;  // below
 // With `into`: the caller's output (contiguous, of the output's shape and
 // x's dtype, not overlapping x; the caller checked), written and returned
 // instead of new storage. With `known`: this member's counts, from
-// alltoall_checked_counts (below) on the same arguments.
+// alltoall_checked_counts (below) on the same arguments, held by
+// `known_owner`, which an abandoned exchange keeps (MPI may still read the
+// counts).
 at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
                         int64_t scatter_dim, const std::vector<int64_t>& gextents,
                         const std::vector<int64_t>& numelem, const std::string& what,
-                        const at::Tensor* into = nullptr, const AlltoallCounts* known = nullptr);
+                        const at::Tensor* into = nullptr, const AlltoallCounts* known = nullptr,
+                        std::shared_ptr<const void> known_owner = nullptr);
 
 // ---- Counts (issue 35 item 5) ----------------------------------------------
 // MPI counts and displacements are ints. Each call above first computes

@@ -396,7 +396,7 @@ at::Tensor Communicator::alltoall(const at::Tensor& t, int64_t gather_axis, int6
   {
     at::NoGradGuard no_grad;
     out = alltoall_dim(s.group(), t, gather_axis, scatter_axis, a.gextents, a.numelems, a.what,
-                       nullptr, &a.counts);
+                       nullptr, &a.counts, agreed);
   }
   auto state = s_;
   return attach(out, t, "AlltoallBackward",
@@ -417,7 +417,7 @@ at::Tensor& Communicator::alltoall_out(at::Tensor& out, const at::Tensor& t, int
   const AlltoallAgreed& a = *agreed;
   at::NoGradGuard no_grad;
   alltoall_dim(s.group(), t, gather_axis, scatter_axis, a.gextents, a.numelems, a.what, &out,
-               &a.counts);
+               &a.counts, agreed);
   // As an in-place write: tensors saved for backward from out see the change.
   out.unsafeGetTensorImpl()->bump_version();
   return out;

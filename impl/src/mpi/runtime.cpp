@@ -375,6 +375,18 @@ void wait_all(std::vector<MPI_Request>& requests, const char* what) {
   wait_all(static_cast<int>(requests.size()), requests.data(), what);
 }
 
+void wait_all(int count, MPI_Request* requests, const char* what, const Abandon& abandon) {
+  try {
+    wait_all(count, requests, what);
+  } catch (...) {
+    abandon();
+    throw;
+  }
+}
+void wait_all(std::vector<MPI_Request>& requests, const char* what, const Abandon& abandon) {
+  wait_all(static_cast<int>(requests.size()), requests.data(), what, abandon);
+}
+
 void wait(MPI_Request& request, const char* what) { wait_all(1, &request, what); }
 
 int64_t wait_received(MPI_Request& request, MPI_Datatype type, const char* what) {

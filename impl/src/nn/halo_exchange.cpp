@@ -195,7 +195,10 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
       post_send(s.lo, s.tag_down, s.r_ghost_lo);
       post_send(s.hi, s.tag_up, s.r_ghost_hi);
     }
-    mpi::wait_all(n, reqs, what.c_str());
+    // Given up, the messages may still arrive in (or leave from) the tensor
+    // and the staging buffer: both are kept.
+    auto keep = [&] { mpi::keep_forever(std::move(staging), t); };
+    mpi::wait_all(n, reqs, what.c_str(), keep);
     if (!adjoint) {
       for (int i = 0; i < n_landed; ++i) (*landed[i].second)(landed[i].first, data);
       return;

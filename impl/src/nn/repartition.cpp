@@ -175,7 +175,10 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
                                   &reqs.back()));
     }
     if (dir.self) (*dir.self)(src_data, dst_data);
-    mpi::wait_all(reqs, what.c_str());
+    // Given up, the messages may still arrive in (or leave from) the
+    // tensors and the staging buffers: they are kept.
+    auto keep = [&] { mpi::keep_forever(std::move(packed), std::move(landing), src, dst); };
+    mpi::wait_all(reqs, what.c_str(), keep);
     for (const auto& [i, buffer] : landed) rp[i].unpack(buffer, dst_data);
   }
 

@@ -109,14 +109,11 @@ long epochs_for(MPI_Comm comm) {
   return std::max(1L, std::min(kMaxEpochs, (max_tag - kTagBase - 8) / 8));
 }
 
-// Things a failed step leaves to MPI: never freed.
-std::vector<std::shared_ptr<void>>& abandoned() {
-  static auto* v = new std::vector<std::shared_ptr<void>>();
-  return *v;
-}
+// Things a failed step leaves to MPI: kept for the rest of the process
+// (mpi::keep_forever, as every other given-up operation's buffers).
 template <typename T>
 void abandon(T&& x) {
-  abandoned().push_back(std::make_shared<std::decay_t<T>>(std::forward<T>(x)));
+  mpi::keep_forever(std::forward<T>(x));
 }
 void abandon_in_flight(InFlight& f) {
   for (auto& r : f.requests)

@@ -129,6 +129,12 @@ class Abandon {
   void (*run_)(void*) = nullptr;
 };
 
+// wait_all(), and where the wait gives the requests up (a missed deadline,
+// an interrupt, an MPI error) `abandon` runs before the error propagates:
+// it keeps what the requests may still read or write (keep_forever).
+void wait_all(int count, MPI_Request* requests, const char* what, const Abandon& abandon);
+void wait_all(std::vector<MPI_Request>& requests, const char* what, const Abandon& abandon);
+
 // One MPI operation under the waiting policy: its blocking form
 // (`blocking()`, under the watchdog) where blocking_waits(), else its
 // non-blocking form (`post(&request)`) finished by wait(). Both must be
