@@ -278,59 +278,13 @@ TEST(WaitingPolicy, WaitsFinishInMpiOnlyWhenBlocking) {
   EXPECT_EQ(c["MPI_Waitall"], blocking ? 1 : 0);
 }
 
-// An operation whose wait gave up keeps its buffers (docs/mpi-runtime.md,
-// "Deadlines"): rank 0 gives up an all-gather at its deadline, rank 1 (and
-// the others) join it late, and rank 0 finishes it inside its next wait.
-// The output it writes then must not be memory handed to another tensor
-// since: rank 0 allocates a tensor of the output's size right after giving
-// up (where a freed output would be handed out again) and checks that the
-// late all-gather left it alone.
-TEST(AbandonedOperations, KeepTheirBuffersForALatePeer) {
-  const int me = mpi::world_rank(), n = mpi::world_size();
-  if (n < 2) GTEST_SKIP() << "one rank waits for no one";
-  const mpi::Partition P = world_line();  // a communicator of this test's own
-  const double before = mpi::deadline();
-  const bool gives_up = me == 0;
-  mpi::set_deadline(gives_up ? 0.3 : 60);  // every rank posts the non-blocking form
-  constexpr int64_t kRows = 2048;
-  const at::Tensor x = at::full({kRows}, me + 1.0, at::kDouble);
-  const std::vector<int64_t> lengths(static_cast<size_t>(n), kRows);
-  const long kept = mpi::kept_forever();
-  bool ok = true;
-  at::Tensor after;
-  if (gives_up) {
-    const testing::ExpectedDeadlineMisses expected;
-    bool missed = false;
-    try {
-      mpi::detail::allgather_dim(mpi::detail::group_of(P), x, 0, lengths, "an all-gather given up", nullptr);
-    } catch (const DeadlineError&) {
-      missed = true;
-    }
-    after = at::full({n * kRows}, -7.0, at::kDouble);
-    EXPECT_TRUE(missed) << "rank 0 should have given the all-gather up at its deadline";
-    EXPECT_GT(mpi::kept_forever(), kept) << "the given-up all-gather's buffers were not kept";
-    ok = missed;
-  } else {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    const at::Tensor y =
-        mpi::detail::allgather_dim(mpi::detail::group_of(P), x, 0, lengths, "an all-gather given up", nullptr);
-    for (int r = 0; r < n; ++r) ok = ok && y.narrow(0, r * kRows, kRows).eq(r + 1.0).all().item<bool>();
-    EXPECT_TRUE(ok) << "rank " << me << ": the late all-gather's result is wrong";
-  }
-  mpi::set_deadline(before);
-  // Rank 0 waits here while the late all-gather finishes into its buffers.
-  EXPECT_TRUE(mpi::all_true(ok, mpi::world_comm()));
-  if (gives_up)
-    EXPECT_TRUE(after.eq(-7.0).all().item<bool>())
-        << "the late all-gather wrote into memory handed to a new tensor: " << after.narrow(0, 0, 4);
-}
-
 // Rank 0 gives `op` up at a 0.3 s deadline; the other ranks call it 1.5 s
-// late. Right after giving up, rank 0 allocates `numel` doubles of -7 (where
+// late, and what `op` returns there (whether its result is right) joins the
+// verdict. Right after giving up, rank 0 allocates `numel` doubles of -7 (where
 // a freed buffer of the operation would be handed out again), and once the
 // late operation has finished into rank 0's buffers, that tensor must be
 // untouched.
-void expect_late_peer_leaves_new_memory_alone(const std::function<void()>& op, int64_t numel,
+void expect_late_peer_leaves_new_memory_alone(const std::function<bool()>& op, int64_t numel,
                                               const std::string& what) {
   const bool gives_up = mpi::world_rank() == 0;
   const double before = mpi::deadline();
@@ -342,7 +296,7 @@ void expect_late_peer_leaves_new_memory_alone(const std::function<void()>& op, i
     const testing::ExpectedDeadlineMisses expected;
     bool missed = false;
     try {
-      op();
+      (void)op();
     } catch (const DeadlineError&) {
       missed = true;
     }
@@ -352,7 +306,7 @@ void expect_late_peer_leaves_new_memory_alone(const std::function<void()>& op, i
     ok = missed;
   } else {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    op();
+    ok = op();
   }
   mpi::set_deadline(before);
   // Rank 0 waits here while the late messages arrive in its buffers.
@@ -362,6 +316,33 @@ void expect_late_peer_leaves_new_memory_alone(const std::function<void()>& op, i
     EXPECT_EQ(changed.numel(), 0) << "the late " << what << " wrote into memory handed to a new tensor, at "
                                   << changed.view({-1}).narrow(0, 0, std::min<int64_t>(4, changed.numel()));
   }
+}
+
+// An operation whose wait gave up keeps its buffers (docs/mpi-runtime.md,
+// "Deadlines"): rank 0 gives up an all-gather at its deadline, rank 1 (and
+// the others) join it late, and rank 0 finishes it inside its next wait.
+// The output it writes then must not be memory handed to another tensor
+// since: rank 0 allocates a tensor of the output's size right after giving
+// up (where a freed output would be handed out again) and checks that the
+// late all-gather left it alone.
+TEST(AbandonedOperations, KeepTheirBuffersForALatePeer) {
+  const int me = mpi::world_rank(), n = mpi::world_size();
+  if (n < 2) GTEST_SKIP() << "one rank waits for no one";
+  const mpi::Partition P = world_line();  // a communicator of this test's own
+  constexpr int64_t kRows = 2048;
+  const at::Tensor x = at::full({kRows}, me + 1.0, at::kDouble);
+  const std::vector<int64_t> lengths(static_cast<size_t>(n), kRows);
+  // (Every rank posts the non-blocking form: a deadline is set.)
+  expect_late_peer_leaves_new_memory_alone(
+      [&] {
+        const at::Tensor y =
+            mpi::detail::allgather_dim(mpi::detail::group_of(P), x, 0, lengths, "an all-gather given up", nullptr);
+        bool ok = true;
+        for (int r = 0; r < n; ++r) ok = ok && y.narrow(0, r * kRows, kRows).eq(r + 1.0).all().item<bool>();
+        EXPECT_TRUE(ok) << "rank " << me << ": the late all-gather's result is wrong";
+        return ok;
+      },
+      n * kRows, "all-gather");
 }
 
 // The same for a repartition's point-to-point messages: rank 0 gathers a
@@ -384,7 +365,7 @@ TEST(AbandonedOperations, RepartitionKeepsItsBuffersForALatePeer) {
     for (int r = 0; ok && me == 0 && r < n; ++r) ok = y.narrow(0, r * kRows, kRows).eq(r + 1.0).all().item<bool>();
     EXPECT_TRUE(ok) << "rank 0 gathered " << y.narrow(0, 0, std::min<int64_t>(4, y.numel()));
   }
-  expect_late_peer_leaves_new_memory_alone([&] { (void)nn::functional::repartition(x, plan); }, n * kRows,
+  expect_late_peer_leaves_new_memory_alone([&] { return nn::functional::repartition(x, plan).defined(); }, n * kRows,
                                            "repartition");
 }
 
@@ -400,7 +381,7 @@ TEST(AbandonedOperations, HaloExchangeKeepsItsBuffersForALatePeer) {
     const at::Tensor y = nn::functional::halo_exchange(x, plan);  // in time: the plan is made and pinned
     if (me == 0) EXPECT_EQ(y[kWindow - 1].item<double>(), 2.0) << "rank 1's boundary element";
   }
-  expect_late_peer_leaves_new_memory_alone([&] { (void)nn::functional::halo_exchange(x, plan); }, kWindow,
+  expect_late_peer_leaves_new_memory_alone([&] { return nn::functional::halo_exchange(x, plan).defined(); }, kWindow,
                                            "halo exchange");
 }
 
