@@ -65,5 +65,5 @@ for n in $ranks; do
 done
 echo
 echo "peak RSS growth during save and load over each rank's shards (KiB growth/shards): $rss"
-echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(getconf _NPROCESSORS_ONLN) cores"
 echo "file system: $(df -T "$dir" | awk 'NR == 2 { print $2 " on " $1 }')"

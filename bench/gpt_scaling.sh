@@ -77,7 +77,7 @@ median_of() {  # name -> the median over rounds of the run's median step
 base=$(median_of one_thread)
 echo "# train_gpt: $layers blocks, width $hidden, global batch $batch in $microbatches microbatches," \
      "float32, Adam; median of $steps steps, $rounds round(s)"
-echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
+echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(getconf _NPROCESSORS_ONLN) cores"
 printf '| %s | %s | %s |\n' run "median step" "speedup over 1 thread"
 printf '| --- | ---: | ---: |\n'
 for n in "${names[@]}"; do

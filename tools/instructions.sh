@@ -44,8 +44,8 @@ counted=${PARTITA_COUNTED_RANK:-0}
 [[ $ranks =~ ^[1-9][0-9]*$ ]] || { echo "instructions.sh: RANKS must be a positive number, got '$ranks'" >&2; exit 2; }
 [[ $counted =~ ^[0-9]+$ ]] && (( counted < ranks )) ||
   { echo "instructions.sh: PARTITA_COUNTED_RANK=$counted is not a rank of $ranks" >&2; exit 2; }
-(( ranks <= $(nproc) )) ||
-  echo "instructions.sh: $ranks ranks on $(nproc) cores: the native peers take the counted rank's core and it waits (counts include polling)" >&2
+(( ranks <= $(getconf _NPROCESSORS_ONLN) )) ||
+  echo "instructions.sh: $ranks ranks on $(getconf _NPROCESSORS_ONLN) cores: the native peers take the counted rank's core and it waits (counts include polling)" >&2
 for bench in "$@"; do
   declare -A per_call=()
   program=("$build/bench/bench_primitives" --benchmark_filter="^${bench}/" --benchmark_min_time=0.5)

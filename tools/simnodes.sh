@@ -210,7 +210,10 @@ done
 hosts=""
 for ((i = 0; i < nodes; i++)); do hosts+="${hosts:+,}$(node_name "$i"):$per_node"; done
 total=$((nodes * per_node))
-if [ -z "${PARTITA_WAIT:-}" ] && [ "$total" -gt "$(nproc)" ]; then
+# The machine's online cores, as partita counts them; not nproc, which
+# answers OMP_NUM_THREADS instead when that is set (as the tests set it).
+cores="$(getconf _NPROCESSORS_ONLN)"
+if [ -z "${PARTITA_WAIT:-}" ] && [ "$total" -gt "$cores" ]; then
   export PARTITA_WAIT=yield
 fi
 export SIMNODES_STATE="$state"

@@ -1,6 +1,6 @@
 // simnodes_check: what a job started by tools/simnodes.sh must see.
 //
-//   simnodes_check NODES RANKS_PER_NODE [--netns] [--pmi-closes-first]
+//   simnodes_check NODES RANKS_PER_NODE [--netns] [--pmi-closes-first] [--wait-policy]
 //
 // Checks, on every rank, and exits non-zero with a line naming what failed:
 // - MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) finds NODES nodes of
@@ -17,6 +17,9 @@
 // exits, as happens at any exit when the launcher is slow to look: the job
 // must still end with status 0, which it does only if MPI_Finalize told the
 // launcher the rank had finalized (tools/simnodes_no_finalize.c).
+// With --wait-policy, the launcher's choice of PARTITA_WAIT: yield where the
+// job's ranks outnumber the machine's online cores, unset otherwise (run it
+// with PARTITA_WAIT unset).
 // Plain MPI, no partita: it checks the launcher, not the library. Its tests
 // run with --no-finalize (see the end of main).
 #include <mpi.h>
@@ -67,16 +70,33 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (argc < 3) {
-    if (g_rank == 0) std::fprintf(stderr, "usage: simnodes_check NODES RANKS_PER_NODE [--netns] [--pmi-closes-first]\n");
+    if (g_rank == 0) std::fprintf(stderr, "usage: simnodes_check NODES RANKS_PER_NODE [--netns] [--pmi-closes-first] [--wait-policy]\n");
     MPI_Finalize();
     return 2;
   }
   const int want_nodes = std::atoi(argv[1]);
   const int want_per_node = std::atoi(argv[2]);
-  bool netns = false, pmi_closes_first = false;
+  bool netns = false, pmi_closes_first = false, wait_policy = false;
   for (int i = 3; i < argc; ++i) {
     if (std::strcmp(argv[i], "--netns") == 0) netns = true;
     else if (std::strcmp(argv[i], "--pmi-closes-first") == 0) pmi_closes_first = true;
+    else if (std::strcmp(argv[i], "--wait-policy") == 0) wait_policy = true;
+  }
+
+  // The launcher's waiting policy: PARTITA_WAIT=yield where the job's ranks
+  // outnumber the machine's online cores, untouched otherwise (the test
+  // starts the launcher without PARTITA_WAIT, and with OMP_NUM_THREADS=1,
+  // which must not count as one core).
+  if (wait_policy) {
+    const char* w = std::getenv("PARTITA_WAIT");
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const bool oversubscribed = size > cores;
+    if (oversubscribed && !(w && std::strcmp(w, "yield") == 0))
+      fail(std::to_string(size) + " ranks on " + std::to_string(cores) + " cores, but PARTITA_WAIT is " +
+           (w ? std::string("'") + w + "'" : std::string("unset")) + ", not yield");
+    if (!oversubscribed && w)
+      fail(std::to_string(size) + " ranks on " + std::to_string(cores) + " cores, but the launcher set PARTITA_WAIT='" +
+           w + "'");
   }
 
   // Nodes as MPI sees them.
