@@ -14,6 +14,9 @@
 //   profiling interface, or none and a board): node-local communicators of
 //   two ranks or more the board, communicators that span nodes MPI, every
 //   rank of them alike;
+// - the communicator's calls (seed 003) exchange their records on the same
+//   paths, interleaved with the layers' header exchanges on one
+//   communicator, and compute what they should;
 // - one rank that refuses boards makes every rank use MPI, with the same
 //   results;
 // - a rank whose waits were abandoned (missed deadlines) catches up: the
@@ -44,6 +47,7 @@
 #include "detail/header_board.hpp"
 #include "detail/team_comm.hpp"
 #include "partita/errors.hpp"
+#include "partita/mpi/communicator.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/testing/checks.hpp"
@@ -254,6 +258,73 @@ TEST(HeaderBoard, GathersWhatMpiGathersCallAfterCall) {
       EXPECT_TRUE(right) << names[p] << (spans ? " spans nodes: every call by MPI" : " is on one node: every call by its board")
                          << "; here " << by_mpi_calls[p] << " by MPI, " << by_board_calls[p]
                          << " by a board, of " << kCalls;
+    }
+    EXPECT_TRUE(agreed(right)) << names[p] << ": some rank's calls took another path";
+  }
+}
+
+// The communicator's record exchange takes the same path as the layers'
+// header exchange on the same communicator, call after call, the two
+// interleaved (one board, one sequence of calls): a Communicator made from
+// each partition above runs an allreduce or a broadcast between two header
+// exchanges. Counted as above: the records' MPI_Allgather, or none and a
+// board; the data go by MPI_Allreduce and MPI_Bcast, which are not counted.
+TEST(HeaderBoard, CommunicatorCallsTakeTheirCommunicatorsPath) {
+  ASSERT_GE(size(), 2) << "run at 2 ranks or more";
+  const mpi::Partition world = mpi::Partition::world();
+  const mpi::Partition back = reversed();
+  Ranks some;
+  for (int i = size() - 2; i >= 0; --i) some.push_back(i);
+  const mpi::Partition part = mpi::Partition::world().create_partition_inclusive(some);
+  const mpi::Partition local = node_partition();
+  const std::vector<const mpi::Partition*> partitions = {&world, &back, &part, &local};
+  std::vector<mpi::Communicator> comms;
+  for (const mpi::Partition* P : partitions) comms.push_back(mpi::Communicator::from(*P));
+  std::vector<int> by_mpi_calls(partitions.size(), 0), by_board_calls(partitions.size(), 0);
+  std::vector<Header> got;
+  bool ok = true;
+  std::string why;
+  constexpr int kCalls = 100;
+  for (int call = 1; call <= kCalls; ++call) {
+    for (size_t p = 0; p < partitions.size(); ++p) {
+      const mpi::Partition& P = *partitions[p];
+      if (!P.active()) continue;
+      exchange_headers(P, drawn(call, rank()), "HeaderBoard test", got);
+      if (!as_drawn(P, call, got)) ok = false;
+      const long before = g_header_allgathers.load();
+      at::Tensor y, want;
+      if (call % 2 == 0) {
+        // Every member's (world rank + 1) * call, summed.
+        y = comms[p].allreduce(at::full({3}, (rank() + 1.0) * call, at::kDouble), ReduceOp::kSum);
+        double sum = 0;
+        for (int w : P.workers()) sum += (w + 1.0) * call;
+        want = at::full({3}, sum, at::kDouble);
+      } else {
+        // From the member of P's rank call % size: its world rank.
+        const int root = call % P.size();
+        y = comms[p].bcast_(at::full({3}, rank() + 0.5, at::kDouble), root);
+        want = at::full({3}, P.workers()[static_cast<size_t>(root)] + 0.5, at::kDouble);
+      }
+      const long mpi_calls = g_header_allgathers.load() - before;
+      if (mpi_calls == 1 && !has_header_board(P.comm())) ++by_mpi_calls[p];
+      if (mpi_calls == 0 && has_header_board(P.comm())) ++by_board_calls[p];
+      if (!at::equal(y, want)) {
+        ok = false;
+        why = "call " + std::to_string(call) + " on partition " + std::to_string(p) + " gave a wrong result";
+      }
+    }
+  }
+  EXPECT_TRUE(ok) << why;
+  EXPECT_TRUE(agreed(ok)) << "some communicator call or header exchange went wrong";
+  const char* names[] = {"the world", "the world reversed", "all but the last rank", "this node's ranks"};
+  for (size_t p = 0; p < partitions.size(); ++p) {
+    const mpi::Partition& P = *partitions[p];
+    bool right = true;
+    if (P.active() && P.size() >= 2) {
+      const bool spans = spans_nodes(P);
+      right = by_mpi_calls[p] == (spans ? kCalls : 0) && by_board_calls[p] == (spans ? 0 : kCalls);
+      EXPECT_TRUE(right) << names[p] << (spans ? " spans nodes: every record exchange by MPI" : " is on one node: every record exchange by its board")
+                         << "; here " << by_mpi_calls[p] << " by MPI, " << by_board_calls[p] << " by a board, of " << kCalls;
     }
     EXPECT_TRUE(agreed(right)) << names[p] << ": some rank's calls took another path";
   }

@@ -31,7 +31,7 @@ struct alignas(64) Slot {
   uint64_t seq;
   unsigned char block[kBoardBlockBytes];
 };
-static_assert(sizeof(Slot) == 128, "a slot is two cache lines");
+static_assert(sizeof(Slot) == 256, "a slot is four cache lines");
 
 // A communicator's board, as this rank sees it. Calls alternate between two
 // rows of slots (call c uses row c % 2). A rank writes call c's block over

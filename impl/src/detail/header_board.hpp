@@ -1,6 +1,7 @@
 // Internal: the header board (docs/mpi-runtime.md, "The header board").
-// The layers' per-call header exchange (exchange_headers) is an allgather of
-// a hundred bytes per rank; when every rank of a communicator runs on one
+// The layers' per-call header exchange (exchange_headers) and the
+// communicator's record exchange (exchange_records) are allgathers of one
+// to two hundred bytes per rank; when every rank of a communicator runs on one
 // node it goes through a small shared-memory segment instead of MPI: each
 // rank writes its header into its own slot and reads everyone else's, with
 // no MPI call. MPICH's MPI_Allgather of the same bytes costs about 2,600
@@ -20,8 +21,10 @@
 
 namespace partita::mpi::detail {
 
-// The largest block the board carries per rank.
-constexpr size_t kBoardBlockBytes = 112;
+// The largest block the board carries per rank (a slot of four cache
+// lines, less its call number): a layer's Header (104 bytes) and a
+// communicator's Record (208 bytes) fit.
+constexpr size_t kBoardBlockBytes = 248;
 
 // Gathers every rank's `bytes` (at most kBoardBlockBytes) of `mine` into
 // `all` (rank i's block at i * bytes), as MPI_Allgather would, and returns

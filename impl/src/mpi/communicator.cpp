@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "comm_internal.hpp"
+#include "detail/header_board.hpp"
 #include "detail/static_shapes.hpp"
 #include "detail/team_comm.hpp"
 #include "partita/errors.hpp"
@@ -239,19 +240,24 @@ std::vector<Record> exchange_records(const CommState& s, const Record& mine,
   std::vector<Record> all(s.size);
   constexpr int n = sizeof(Record) / sizeof(int64_t);
   const std::string shapes = what + " (shapes)";
-  // This thread's copy of the record, which MPI reads (kept, with `all`,
-  // when the wait gives the exchange up).
-  static thread_local std::unique_ptr<Record> sent;
-  if (!sent) sent = std::make_unique<Record>();
-  *sent = mine;
-  auto abandon = [&] { keep_forever(std::move(sent), std::move(all)); };
-  call(
-      shapes.c_str(),
-      [&] { PARTITA_MPI_CHECK(MPI_Allgather(sent.get(), n, MPI_INT64_T, all.data(), n, MPI_INT64_T, s.comm)); },
-      [&](MPI_Request* req) {
-        PARTITA_MPI_CHECK(MPI_Iallgather(sent.get(), n, MPI_INT64_T, all.data(), n, MPI_INT64_T, s.comm, req));
-      },
-      abandon);
+  static_assert(sizeof(Record) <= detail::kBoardBlockBytes, "a record fits a board's block");
+  // Every rank on one node: through shared memory (detail/header_board.hpp),
+  // else by MPI; which of the two is agreed once per communicator.
+  if (!detail::board_allgather(s.comm, &mine, sizeof(Record), all.data(), shapes.c_str())) {
+    // This thread's copy of the record, which MPI reads (kept, with `all`,
+    // when the wait gives the exchange up).
+    static thread_local std::unique_ptr<Record> sent;
+    if (!sent) sent = std::make_unique<Record>();
+    *sent = mine;
+    auto abandon = [&] { keep_forever(std::move(sent), std::move(all)); };
+    call(
+        shapes.c_str(),
+        [&] { PARTITA_MPI_CHECK(MPI_Allgather(sent.get(), n, MPI_INT64_T, all.data(), n, MPI_INT64_T, s.comm)); },
+        [&](MPI_Request* req) {
+          PARTITA_MPI_CHECK(MPI_Iallgather(sent.get(), n, MPI_INT64_T, all.data(), n, MPI_INT64_T, s.comm, req));
+        },
+        abandon);
+  }
   for (int i = 0; i < s.size; ++i)
     if (all[i].status != Record::kOk) raise_record(what, i, all[i]);
   for (int i = 1; i < s.size; ++i)
