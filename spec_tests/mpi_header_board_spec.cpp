@@ -212,17 +212,59 @@ int board_names() {
   return n;
 }
 
+// The four communicators the path tests exchange on in turn, made in this
+// order on every rank: the world, the world reversed, all but the last rank
+// (at 3 ranks and more, its last member's comm rank is not its world rank
+// either) and the ranks of this rank's node.
+struct FourPartitions {
+  mpi::Partition world = mpi::Partition::world();
+  mpi::Partition back = reversed();
+  mpi::Partition part = all_but_last();
+  mpi::Partition local = node_partition();
+  std::vector<const mpi::Partition*> all() const { return {&world, &back, &part, &local}; }
+  static constexpr const char* kNames[] = {"the world", "the world reversed", "all but the last rank",
+                                           "this node's ranks"};
+
+  static mpi::Partition all_but_last() {
+    Ranks some;
+    for (int i = size() - 2; i >= 0; --i) some.push_back(i);
+    return mpi::Partition::world().create_partition_inclusive(some);
+  }
+};
+
+// Every call of every rank on the path of its communicator's nodes, as
+// counted (`by_mpi[p]`, `by_board[p]` of `calls` on partition p): the board
+// where all its ranks share a node (one rank alone takes neither), MPI where
+// they span nodes; and every rank alike.
+void expect_paths(const FourPartitions& four, const std::vector<int>& by_mpi, const std::vector<int>& by_board,
+                  int calls, const std::string& exchange) {
+  const auto partitions = four.all();
+  for (size_t p = 0; p < partitions.size(); ++p) {
+    const mpi::Partition& P = *partitions[p];
+    bool right = true;
+    if (P.active() && P.size() >= 2) {
+      const bool spans = spans_nodes(P);
+      right = by_mpi[p] == (spans ? calls : 0) && by_board[p] == (spans ? 0 : calls);
+      EXPECT_TRUE(right) << FourPartitions::kNames[p]
+                         << (spans ? " spans nodes: every " + exchange + " by MPI"
+                                   : " is on one node: every " + exchange + " by its board")
+                         << "; here " << by_mpi[p] << " by MPI, " << by_board[p] << " by a board, of " << calls;
+    }
+    EXPECT_TRUE(agreed(right)) << FourPartitions::kNames[p] << ": some rank's calls took another path";
+  }
+}
+
+// Counts one exchange on P by its path: one MPI_Allgather (or its posted
+// form) and no board, or none and a board.
+void count_path(const mpi::Partition& P, long mpi_calls, int& by_mpi, int& by_board) {
+  if (mpi_calls == 1 && !has_header_board(P.comm())) ++by_mpi;
+  if (mpi_calls == 0 && has_header_board(P.comm())) ++by_board;
+}
+
 TEST(HeaderBoard, GathersWhatMpiGathersCallAfterCall) {
   ASSERT_GE(size(), 2) << "run at 2 ranks or more";
-  const mpi::Partition world = mpi::Partition::world();
-  const mpi::Partition back = reversed();
-  // A partition of all but the last rank (at 3 ranks and more), whose last
-  // member's comm rank is not its world rank either.
-  Ranks some;
-  for (int i = size() - 2; i >= 0; --i) some.push_back(i);
-  const mpi::Partition part = mpi::Partition::world().create_partition_inclusive(some);
-  const mpi::Partition local = node_partition();
-  const std::vector<const mpi::Partition*> partitions = {&world, &back, &part, &local};
+  const FourPartitions four;
+  const auto partitions = four.all();
   // Per partition, the calls that went by MPI and those that went by a board.
   std::vector<int> by_mpi_calls(partitions.size(), 0), by_board_calls(partitions.size(), 0);
   std::vector<Header> got;
@@ -236,31 +278,14 @@ TEST(HeaderBoard, GathersWhatMpiGathersCallAfterCall) {
       const Header mine = drawn(call, rank());
       const long before = g_header_allgathers.load();
       exchange_headers(P, mine, "HeaderBoard test", got);
-      const long mpi_calls = g_header_allgathers.load() - before;
-      if (mpi_calls == 1 && !has_header_board(P.comm())) ++by_mpi_calls[p];
-      if (mpi_calls == 0 && has_header_board(P.comm())) ++by_board_calls[p];
+      count_path(P, g_header_allgathers.load() - before, by_mpi_calls[p], by_board_calls[p]);
       if (!as_drawn(P, call, got)) ok = false;
       const auto expected = by_mpi(P, mine);
       if (std::memcmp(expected.data(), got.data(), expected.size() * sizeof(Header)) != 0) ok = false;
     }
   }
   EXPECT_TRUE(agreed(ok)) << "some exchange differed from MPI_Allgather's";
-  // Every call of every rank on the path of its communicator's nodes: the
-  // board where all its ranks share a node (one rank alone takes neither),
-  // MPI where they span nodes.
-  const char* names[] = {"the world", "the world reversed", "all but the last rank", "this node's ranks"};
-  for (size_t p = 0; p < partitions.size(); ++p) {
-    const mpi::Partition& P = *partitions[p];
-    bool right = true;
-    if (P.active() && P.size() >= 2) {
-      const bool spans = spans_nodes(P);
-      right = by_mpi_calls[p] == (spans ? kCalls : 0) && by_board_calls[p] == (spans ? 0 : kCalls);
-      EXPECT_TRUE(right) << names[p] << (spans ? " spans nodes: every call by MPI" : " is on one node: every call by its board")
-                         << "; here " << by_mpi_calls[p] << " by MPI, " << by_board_calls[p]
-                         << " by a board, of " << kCalls;
-    }
-    EXPECT_TRUE(agreed(right)) << names[p] << ": some rank's calls took another path";
-  }
+  expect_paths(four, by_mpi_calls, by_board_calls, kCalls, "call");
 }
 
 // The communicator's record exchange takes the same path as the layers'
@@ -271,13 +296,8 @@ TEST(HeaderBoard, GathersWhatMpiGathersCallAfterCall) {
 // board; the data go by MPI_Allreduce and MPI_Bcast, which are not counted.
 TEST(HeaderBoard, CommunicatorCallsTakeTheirCommunicatorsPath) {
   ASSERT_GE(size(), 2) << "run at 2 ranks or more";
-  const mpi::Partition world = mpi::Partition::world();
-  const mpi::Partition back = reversed();
-  Ranks some;
-  for (int i = size() - 2; i >= 0; --i) some.push_back(i);
-  const mpi::Partition part = mpi::Partition::world().create_partition_inclusive(some);
-  const mpi::Partition local = node_partition();
-  const std::vector<const mpi::Partition*> partitions = {&world, &back, &part, &local};
+  const FourPartitions four;
+  const auto partitions = four.all();
   std::vector<mpi::Communicator> comms;
   for (const mpi::Partition* P : partitions) comms.push_back(mpi::Communicator::from(*P));
   std::vector<int> by_mpi_calls(partitions.size(), 0), by_board_calls(partitions.size(), 0);
@@ -305,9 +325,7 @@ TEST(HeaderBoard, CommunicatorCallsTakeTheirCommunicatorsPath) {
         y = comms[p].bcast_(at::full({3}, rank() + 0.5, at::kDouble), root);
         want = at::full({3}, P.workers()[static_cast<size_t>(root)] + 0.5, at::kDouble);
       }
-      const long mpi_calls = g_header_allgathers.load() - before;
-      if (mpi_calls == 1 && !has_header_board(P.comm())) ++by_mpi_calls[p];
-      if (mpi_calls == 0 && has_header_board(P.comm())) ++by_board_calls[p];
+      count_path(P, g_header_allgathers.load() - before, by_mpi_calls[p], by_board_calls[p]);
       if (!at::equal(y, want)) {
         ok = false;
         why = "call " + std::to_string(call) + " on partition " + std::to_string(p) + " gave a wrong result";
@@ -316,18 +334,7 @@ TEST(HeaderBoard, CommunicatorCallsTakeTheirCommunicatorsPath) {
   }
   EXPECT_TRUE(ok) << why;
   EXPECT_TRUE(agreed(ok)) << "some communicator call or header exchange went wrong";
-  const char* names[] = {"the world", "the world reversed", "all but the last rank", "this node's ranks"};
-  for (size_t p = 0; p < partitions.size(); ++p) {
-    const mpi::Partition& P = *partitions[p];
-    bool right = true;
-    if (P.active() && P.size() >= 2) {
-      const bool spans = spans_nodes(P);
-      right = by_mpi_calls[p] == (spans ? kCalls : 0) && by_board_calls[p] == (spans ? 0 : kCalls);
-      EXPECT_TRUE(right) << names[p] << (spans ? " spans nodes: every record exchange by MPI" : " is on one node: every record exchange by its board")
-                         << "; here " << by_mpi_calls[p] << " by MPI, " << by_board_calls[p] << " by a board, of " << kCalls;
-    }
-    EXPECT_TRUE(agreed(right)) << names[p] << ": some rank's calls took another path";
-  }
+  expect_paths(four, by_mpi_calls, by_board_calls, kCalls, "record exchange");
 }
 
 TEST(HeaderBoard, OneRankRefusingMakesEveryRankUseMpi) {
