@@ -12,6 +12,7 @@
 
 #include "partita/mpi/runtime.hpp"
 #include "partita/testing/lockstep.hpp"
+#include "harness_comms.hpp"
 
 namespace partita::testing {
 
@@ -80,6 +81,10 @@ void reduce(double* values, int n, MPI_Op op, const char* what) {
 MPI_Comm checks_comm() {
   if (g_checks == MPI_COMM_NULL) g_checks = duplicate_world("checks_comm");
   return g_checks;
+}
+
+void detail::free_checks_comm() {
+  if (g_checks != MPI_COMM_NULL) MPI_Comm_free(&g_checks);
 }
 
 void renew_after_missed_deadline() {

@@ -15,6 +15,7 @@
 #include "partita/testing/case.hpp"
 #include "partita/testing/checks.hpp"
 #include "partita/mpi/runtime.hpp"
+#include "harness_comms.hpp"
 
 namespace partita::testing {
 
@@ -40,16 +41,25 @@ long expected_deadline_misses() { return g_expected_misses; }
 void set_program_name(const std::string& argv0) { g_program = argv0; }
 void set_current_case(const std::string& repro) { g_current_case = repro; }
 
+namespace {
+MPI_Comm g_harness = MPI_COMM_NULL;
+}  // namespace
+
 MPI_Comm harness_comm() {
-  static MPI_Comm comm = [] {
+  if (g_harness == MPI_COMM_NULL) {
     MPI_Comm c = MPI_COMM_NULL;
     // raw-mpi-ok: made at the first use, which every rank reaches at once
     PARTITA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c));
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     checks_comm();  // the helpers' too, while every rank is here
-    return c;
-  }();
-  return comm;
+    g_harness = c;
+  }
+  return g_harness;
+}
+
+void detail::free_harness_comms() {
+  if (g_harness != MPI_COMM_NULL) MPI_Comm_free(&g_harness);
+  free_checks_comm();
 }
 
 namespace {
