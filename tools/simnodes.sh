@@ -219,7 +219,16 @@ fi
 export SIMNODES_STATE="$state"
 if [ "$no_finalize" = 1 ]; then
   "${CC:-cc}" -shared -fPIC -O1 -o "$state/no_finalize.so" "$self_dir/simnodes_no_finalize.c"
-  set -- env "LD_PRELOAD=$state/no_finalize.so${LD_PRELOAD:+:$LD_PRELOAD}" "$@"
+  # A program built with AddressSanitizer (tools/sanitize.sh) refuses to
+  # start unless the sanitizer's runtime comes first among the preloads.
+  asan=""
+  for arg in "$@"; do
+    if [ -f "$arg" ] && [ -x "$arg" ]; then
+      asan="$(ldd "$arg" 2>/dev/null | awk '/libasan/ {print $3; exit}')"
+      [ -n "$asan" ] && break
+    fi
+  done
+  set -- env "LD_PRELOAD=${asan:+$asan:}$state/no_finalize.so${LD_PRELOAD:+:$LD_PRELOAD}" "$@"
 fi
 
 SECONDS=0
