@@ -6,6 +6,9 @@
 
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -14,6 +17,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "expect_raises.hpp"
@@ -158,8 +162,9 @@ TEST(Checkpoint, WritesTensorsAnyReaderOpens) {
       const auto begin = e.at("data_offsets")[0].get<int64_t>(), end = e.at("data_offsets")[1].get<int64_t>();
       const at::Tensor want = known(w.shape, w.type, std::stoi(w.name.substr(1)));
       const std::string got_bytes = bytes.substr(8 + n + begin, end - begin);
+      // (An empty tensor has no data pointer: memcmp may not be handed it.)
       if (got_bytes.size() != static_cast<size_t>(want.nbytes()) ||
-          std::memcmp(got_bytes.data(), want.contiguous().data_ptr(), got_bytes.size()) != 0)
+          (!got_bytes.empty() && std::memcmp(got_bytes.data(), want.contiguous().data_ptr(), got_bytes.size()) != 0))
         problem += w.name + "'s bytes differ from the global tensor's; ";
     }
     uint64_t last = 0;
@@ -382,23 +387,119 @@ TEST(CheckpointErrors, ARefusedLoadLeavesTheOptimizerAlone) {
   EXPECT_EQ(after.step(), step);
 }
 
-// A save killed before its rename leaves a `.partial` directory; the next
-// save of that name removes it and succeeds, and a load never sees it.
+// The temporary directories a save of DIR may find (docs/checkpoints.md,
+// "Atomic and durable"): DIR.partial-HOST-PID, named after the saving job's
+// rank 0.
+std::string temporary_of(const std::string& dir, long pid) {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return dir + ".partial-" + host + "-" + std::to_string(pid);
+}
+
+// The entries of `dir`'s parent whose name starts with `dir`'s and
+// ".partial" (a save's temporary directory, whoever made it).
+std::vector<std::string> temporaries_of(const std::string& dir) {
+  std::vector<std::string> found;
+  const fs::path d(dir);
+  const std::string prefix = d.filename().string() + ".partial";
+  for (const auto& e : fs::directory_iterator(d.parent_path()))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) found.push_back(e.path().filename().string());
+  return found;
+}
+
+// A save killed before its rename leaves its temporary directory, named
+// after a process that is gone; the next save of that name removes it and
+// succeeds, and a load never sees it. (A process number above Linux's
+// largest, 2^22, is never alive.)
 TEST(CheckpointErrors, AnUnfinishedSaveIsNotACheckpoint) {
   TempDir tmp;
   const std::string dir = tmp / "step-1";
+  const std::string dead = temporary_of(dir, (1L << 22) + 1);
   if (mpi::world_rank() == 0) {
-    fs::create_directories(dir + ".partial");
-    std::ofstream(dir + ".partial/model.safetensors") << "half";
+    fs::create_directories(dead);
+    std::ofstream(dead + "/model.safetensors") << "half";
   }
   barrier();
   EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(dir, two_tensors()); }), "no such checkpoint directory");
   checkpoint::save(dir, two_tensors());
-  EXPECT_FALSE(fs::exists(dir + ".partial"));
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(temporaries_of(dir).empty());
   auto s = two_tensors();
   for (auto& x : s) x.local = at::zeros_like(x.local);
   checkpoint::load(dir, s);
   EXPECT_TRUE(at::equal(s[1].local, known({3}, at::kDouble, 1)));
+}
+
+// Two saves of one name at once (two jobs): neither touches the other's
+// temporary directory. Here the other job's save is in progress (its
+// rank 0, this job's launcher, is alive; and one under the name a save
+// used before it had its own), and this job's save succeeds beside it,
+// leaving both as they were.
+TEST(CheckpointErrors, ASaveLeavesAnotherSavesDirectoryAlone) {
+  TempDir tmp;
+  const std::string dir = tmp / "step-1";
+  const std::string live = temporary_of(dir, static_cast<long>(getppid())), plain = dir + ".partial";
+  if (mpi::world_rank() == 0) {
+    for (const std::string& d : {live, plain}) {
+      fs::create_directories(d);
+      std::ofstream(d + "/model.safetensors") << "another job's";
+    }
+  }
+  barrier();
+  checkpoint::save(dir, two_tensors());
+  barrier();
+  for (const std::string& d : {live, plain}) {
+    std::ifstream in(d + "/model.safetensors");
+    std::string text;
+    std::getline(in, text);
+    EXPECT_EQ(text, "another job's") << d << " was touched by a save of " << dir;
+  }
+  EXPECT_EQ(temporaries_of(dir).size(), 2u);
+}
+
+// The other save of the same name finishes first: this one's rename finds
+// the name taken and raises on every rank, leaving the other's checkpoint
+// as it is and no temporary directory. The other job is a thread of rank
+// 0 here, which makes DIR (a checkpoint's file in it) as soon as this save's
+// temporary directory appears.
+TEST(CheckpointErrors, ASaveThatLosesTheRaceRaisesAndLeavesTheWinner) {
+  TempDir tmp;
+  bool raced = false;
+  for (int attempt = 0; attempt < 5 && !raced; ++attempt) {
+    const std::string dir = tmp / ("step-" + std::to_string(attempt));
+    std::thread other;
+    std::atomic<bool> stop{false};
+    if (mpi::world_rank() == 0)
+      other = std::thread([&] {
+        const std::string mine = temporary_of(dir, static_cast<long>(getpid()));
+        while (!stop && !fs::exists(mine)) std::this_thread::yield();
+        if (stop) return;
+        fs::create_directories(dir);
+        std::ofstream(dir + "/manifest.json") << "the winner's";
+      });
+    std::string message;
+    try {
+      checkpoint::save(dir, two_tensors());
+    } catch (const CheckpointError& e) {
+      message = e.what();
+    }
+    stop = true;
+    if (other.joinable()) other.join();
+    const int raised_here = message.empty() ? 0 : 1;
+    const int raised_on = static_cast<int>(partita::testing::sum_over_ranks(raised_here));
+    if (raised_on == 0) continue;  // the thread was too late: the save won
+    raced = true;
+    EXPECT_EQ(raised_on, mpi::world_size()) << "raised on some ranks only: " << message;
+    EXPECT_CONTAINS(message, dir);
+    EXPECT_CONTAINS(message, "another save of it finished first");
+    barrier();
+    std::ifstream in(dir + "/manifest.json");
+    std::string text;
+    std::getline(in, text);
+    EXPECT_EQ(text, "the winner's");
+    EXPECT_TRUE(temporaries_of(dir).empty());
+  }
+  EXPECT_TRUE(raced) << "the other save never came between this one's start and its rename";
 }
 
 // A disk too small for the checkpoint ($PARTITA_CHECKPOINT_SMALL_FS: a
@@ -425,7 +526,8 @@ TEST(CheckpointErrors, AFullDiskIsReportedAndLeavesNothing) {
   EXPECT_CONTAINS(message, "No space left on device");
   std::printf("a full disk: %s\n", message.c_str());
   barrier();  // rank 0 removes the temporary directory as it raises
-  EXPECT_FALSE(fs::exists(big) || fs::exists(big + ".partial"));
+  EXPECT_FALSE(fs::exists(big));
+  EXPECT_TRUE(temporaries_of(big).empty());
   auto s = two_tensors();
   for (auto& x : s) x.local = at::zeros_like(x.local);
   checkpoint::load(dir, s);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <csignal>
 #include <cstdlib>
@@ -411,6 +412,40 @@ void die_if_asked(const fs::path& dir) {
   if (std::to_string(mpi::world_rank()) == s.substr(0, colon) && dir.filename() == s.substr(colon + 1)) std::raise(SIGKILL);
 }
 
+// The temporary directories of saves of `final_dir`: DIR.partial-HOST-PID,
+// HOST and PID being those of the saving job's rank 0. Each save has its own,
+// so two saves of one name at once (two jobs) never write into one
+// directory; the first to rename wins and the other raises.
+const char kPartial[] = ".partial-";
+
+std::string host_name() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) != 0) return "unknown";
+  return host;
+}
+
+fs::path temporary_dir(const fs::path& final_dir) {
+  return final_dir.string() + kPartial + host_name() + "-" + std::to_string(getpid());
+}
+
+// Removes the temporary directories of earlier saves of `final_dir` whose
+// rank 0 ran on this host and is gone (a job killed in the middle of a
+// save). Another host's, or a living process's, are left alone: they may be
+// a save in progress.
+void sweep_dead_saves(const fs::path& final_dir) {
+  const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
+  const std::string prefix = final_dir.filename().string() + kPartial + host_name() + "-";
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) fs::remove_all(entry.path(), ec);
+  }
+}
+
 }  // namespace
 
 Shard whole(std::string name, const at::Tensor& t) {
@@ -473,31 +508,44 @@ void save(const std::string& dir_in, const std::vector<Shard>& shards, const Inf
   const std::string prefix = safetensors::format_header(entries, {{"format", "pt"}, {"partita_checkpoint", std::to_string(kFormatVersion)}});
   const int64_t data_start = static_cast<int64_t>(prefix.size());
 
-  // The directory, under its temporary name.
-  const fs::path final_dir(dir), partial(dir + ".partial");
-  std::string error;
-  bool made = false;  // rank 0 made `partial`
+  // The directory, under this save's temporary name (rank 0's, sent to
+  // every rank with the verdict: "!" and the error, or the name).
+  const fs::path final_dir(dir);
+  fs::path partial;
+  std::string sent;
   if (mpi::world_rank() == 0) {
+    bool made = false;  // rank 0 made `partial`
     try {
       if (fs::exists(final_dir)) throw CheckpointError("already exists (a checkpoint is never overwritten)");
+      sweep_dead_saves(final_dir);
+      partial = temporary_dir(final_dir);
+      if (final_dir.has_parent_path()) fs::create_directories(final_dir.parent_path());
+      // Only this process can own this name; one left by an earlier job
+      // whose rank 0 had this process's number is not a save in progress.
       fs::remove_all(partial);
+      if (!fs::create_directory(partial)) throw CheckpointError("cannot make " + partial.string());
       made = true;
-      fs::create_directories(partial);
       std::ofstream out(partial / kDataFile, std::ios::binary);
       out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
       out.close();
       if (!out) throw CheckpointError("cannot write " + (partial / kDataFile).string());
+      sent = partial.string();
     } catch (const std::exception& e) {
-      error = e.what();
+      sent = std::string("!") + e.what();
       std::error_code ignored;
       if (made) fs::remove_all(partial, ignored);
     }
   }
-  agree(error, dir);
+  {
+    const std::string got = mpi::allgather_strings(sent, mpi::world_comm())[0];
+    if (got.empty() || got[0] == '!') throw CheckpointError(dir + ": rank 0: " + (got.empty() ? "no temporary directory" : got.substr(1)));
+    partial = got;
+  }
+  std::string error;
 
   // From here on, a failure removes the temporary directory: the disk
-  // holds what it held before the save (and a `.partial` only where a
-  // rank died).
+  // holds what it held before the save (and a temporary directory only
+  // where a rank died).
   try {
     // Each rank's pieces that it writes.
     std::map<std::string, int64_t> offset_of;
@@ -545,7 +593,14 @@ void save(const std::string& dir_in, const std::vector<Shard>& shards, const Inf
         }
         fsync_path(partial / kManifest);
         fsync_path(partial);
-        fs::rename(partial, final_dir);
+        // rename(2) refuses a directory that is not empty: a save of the
+        // same name by another job that finished first stays as it is.
+        std::error_code renamed;
+        fs::rename(partial, final_dir, renamed);
+        if (renamed)
+          throw CheckpointError(fs::exists(final_dir)
+                                    ? "already exists: another save of it finished first (a checkpoint is never overwritten)"
+                                    : "renaming " + partial.string() + ": " + renamed.message());
         const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
         fsync_path(parent);
       } catch (const std::exception& e) {
