@@ -18,7 +18,7 @@
 //   paths, interleaved with the layers' header exchanges on one
 //   communicator, and compute what they should;
 // - one rank that refuses boards makes every rank use MPI, with the same
-//   results;
+//   results, for the layers' headers and the communicator's records alike;
 // - a rank whose waits were abandoned (missed deadlines) catches up: the
 //   others read the header it posted, its next try posts nothing until they
 //   have, and the exchanges after it are right;
@@ -337,14 +337,19 @@ TEST(HeaderBoard, CommunicatorCallsTakeTheirCommunicatorsPath) {
   expect_paths(four, by_mpi_calls, by_board_calls, kCalls, "record exchange");
 }
 
+// Whether no higher rank shares this rank's node (the rank that refuses
+// boards in the tests below).
+bool last_of_its_node() {
+  const std::vector<int>& nodes = node_of();
+  for (int r = rank() + 1; r < size(); ++r)
+    if (nodes[static_cast<size_t>(r)] == nodes[static_cast<size_t>(rank())]) return false;
+  return true;
+}
+
 TEST(HeaderBoard, OneRankRefusingMakesEveryRankUseMpi) {
   if (smallest_node() < 2) GTEST_SKIP() << "a node of one rank has no board to refuse";
   // The highest rank of each node refuses.
-  const std::vector<int>& nodes = node_of();
-  bool last_of_node = true;
-  for (int r = rank() + 1; r < size(); ++r)
-    if (nodes[static_cast<size_t>(r)] == nodes[static_cast<size_t>(rank())]) last_of_node = false;
-  mpi::detail::set_header_board_allowed(!last_of_node);
+  mpi::detail::set_header_board_allowed(!last_of_its_node());
   const mpi::Partition P = node_partition();
   std::vector<Header> got;
   bool ok = true;
@@ -360,6 +365,40 @@ TEST(HeaderBoard, OneRankRefusingMakesEveryRankUseMpi) {
   const mpi::Partition Q = node_partition();
   exchange_headers(Q, drawn(1, rank()), "HeaderBoard test", got);
   EXPECT_TRUE(agreed(as_drawn(Q, 1, got) && (Q.size() < 2 || has_header_board(Q.comm()))));
+}
+
+// The communicator's record exchange follows the same agreement: on a node's
+// ranks where one of them refuses boards, every call's records go by one
+// MPI_Allgather on every rank, and the calls compute what they should.
+TEST(HeaderBoard, OneRankRefusingSendsCommunicatorRecordsByMpi) {
+  if (smallest_node() < 2) GTEST_SKIP() << "a node of one rank has no board to refuse";
+  mpi::detail::set_header_board_allowed(!last_of_its_node());
+  const mpi::Partition P = node_partition();
+  const mpi::Communicator comm = mpi::Communicator::from(P);
+  constexpr int kCalls = 40;
+  int by_mpi_calls = 0, by_board_calls = 0;
+  bool ok = true;
+  for (int call = 1; call <= kCalls; ++call) {
+    const long before = g_header_allgathers.load();
+    at::Tensor y, want;
+    if (call % 2 == 0) {
+      y = comm.allreduce(at::full({5}, (rank() + 1.0) * call, at::kDouble), ReduceOp::kSum);
+      double sum = 0;
+      for (int w : P.workers()) sum += (w + 1.0) * call;
+      want = at::full({5}, sum, at::kDouble);
+    } else {
+      const int root = call % P.size();
+      y = comm.bcast_(at::full({5}, rank() + 0.25, at::kDouble), root);
+      want = at::full({5}, P.workers()[static_cast<size_t>(root)] + 0.25, at::kDouble);
+    }
+    count_path(P, g_header_allgathers.load() - before, by_mpi_calls, by_board_calls);
+    if (!at::equal(y, want)) ok = false;
+  }
+  mpi::detail::set_header_board_allowed(true);
+  EXPECT_TRUE(agreed(ok)) << "a communicator call gave a wrong result";
+  EXPECT_TRUE(agreed(by_mpi_calls == kCalls && by_board_calls == 0))
+      << "a node's communicator with a refusing rank: every record exchange by MPI; here "
+      << by_mpi_calls << " by MPI, " << by_board_calls << " by a board, of " << kCalls;
 }
 
 TEST(HeaderBoard, AnAbandonedWaitCatchesUp) {

@@ -15,6 +15,9 @@
 // - under torch::NoGradGuard or c10::InferenceMode an input that requires
 //   grad gets an output without an autograd node, as LibTorch's own ops
 //   give, and that output is reused like any other.
+// The communicator's calls that return a new tensor (allreduce, allgather,
+// alltoall with its blocks in the output or in a staging buffer) are held
+// to the same rules.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -27,6 +30,7 @@
 #include <memory>
 
 #include "partita/mpi/buffer_cache.hpp"
+#include "partita/mpi/communicator.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/functional.hpp"
 #include "partita/testing/checks.hpp"
@@ -107,6 +111,34 @@ std::vector<Case> cases() {
                  return Layer([p](const at::Tensor& x) { return F::reduce_scatter(x, p); });
                },
                [](int salt) { return random({3, 5}, salt); }});
+  // The communicator's calls that return a new tensor (seed 003), each
+  // make() a Communicator of its own (its own slots) on the world.
+  c.push_back({"Communicator::allreduce",
+               [] {
+                 const mpi::Communicator comm = mpi::Communicator::world();
+                 return Layer([comm](const at::Tensor& x) { return comm.allreduce(x, ReduceOp::kSum); });
+               },
+               [](int salt) { return random({2, 5}, salt); }});
+  c.push_back({"Communicator::allgather axis 1",
+               [] {
+                 const mpi::Communicator comm = mpi::Communicator::world();
+                 return Layer([comm](const at::Tensor& x) { return comm.allgather(x, 1); });
+               },
+               [](int salt) { return random({2, rank() + 1}, salt); }});
+  // Gathered along axis 0 the blocks arrive in the output; along axis 1,
+  // in a staging buffer copied into it.
+  c.push_back({"Communicator::alltoall gather 0",
+               [] {
+                 const mpi::Communicator comm = mpi::Communicator::world();
+                 return Layer([comm](const at::Tensor& x) { return comm.alltoall(x, 0, 1, 2); });
+               },
+               [](int salt) { return random({2, 2 * size()}, salt); }});
+  c.push_back({"Communicator::alltoall gather 1",
+               [] {
+                 const mpi::Communicator comm = mpi::Communicator::world();
+                 return Layer([comm](const at::Tensor& x) { return comm.alltoall(x, 1, 0, 2); });
+               },
+               [](int salt) { return random({2 * size(), 3}, salt); }});
   return c;
 }
 

@@ -172,12 +172,10 @@ MPI_Op mpi_sum(at::ScalarType t) {
   return MPI_SUM;
 }
 
-int mpi_count(int64_t numel, const std::string& what) {
-  if (numel > INT_MAX)
-    throw ShapeError(what + ": a count of " + std::to_string(numel) +
-                     " elements, above the MPI count limit (INT_MAX = 2147483647); nothing was sent",
-                     rule_code::kCountOverflow);
-  return static_cast<int>(numel);
+void raise_count_overflow(int64_t numel, const std::string& what) {
+  throw ShapeError(what + ": a count of " + std::to_string(numel) +
+                   " elements, above the MPI count limit (INT_MAX = 2147483647); nothing was sent",
+                   rule_code::kCountOverflow);
 }
 
 namespace {
@@ -840,7 +838,7 @@ at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
                         int64_t scatter_dim, const std::vector<int64_t>& gextents,
                         const std::vector<int64_t>& numelem, const std::string& what,
                         const at::Tensor* into, const AlltoallCounts* known,
-                        std::shared_ptr<const void> known_owner) {
+                        std::shared_ptr<const void> known_owner, const OutputSlot* reuse) {
   const int p = g.size, me = g.rank;
   AlltoallCounts computed;
   if (!known)
@@ -858,7 +856,7 @@ at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
   // other in it (outer 1), else from_blocks copies them there.
   at::Tensor recv = into && outer_volume(out_sizes, gather_dim) == 1
                         ? *into
-                        : blocks_buffer(out_sizes, gather_dim, k.rtotal, c.options());
+                        : blocks_buffer(out_sizes, gather_dim, k.rtotal, c.options(), reuse);
   if (p == 1) {
     recv.view({-1}).copy_(send.view({-1}).narrow(0, k.sdispls[0], k.scounts[0]));
   } else {
@@ -876,7 +874,7 @@ at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
   // The received blocks follow each other along gather_dim (equal axes:
   // along the axis, member i's rows being recv_rows[i]).
   return from_blocks(recv, gather_dim,
-                     gather_dim != scatter_dim ? gextents : k.recv_rows, out_sizes, into);
+                     gather_dim != scatter_dim ? gextents : k.recv_rows, out_sizes, into, reuse);
 }
 
 }  // namespace partita::mpi::detail

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <mpi.h>
 
+#include <climits>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -84,7 +85,15 @@ void alltoall_blocks(bool uniform, const void* send, const std::vector<int>& sco
                      const std::vector<int>& rdispls, MPI_Datatype type, MPI_Comm comm,
                      const char* what, const Abandon& abandon);
 MPI_Op mpi_sum(at::ScalarType t);
-int mpi_count(int64_t numel, const std::string& what);
+// `numel` as MPI's int count; raises input.count_overflow above INT_MAX.
+// Inline, and `what` (a std::string or a C string) is read only to raise:
+// a call within the limit builds no name.
+[[noreturn]] void raise_count_overflow(int64_t numel, const std::string& what);
+template <class Name>
+int mpi_count(int64_t numel, const Name& what) {
+  if (numel > INT_MAX) raise_count_overflow(numel, what);
+  return static_cast<int>(numel);
+}
 
 // A layer's last output, handed out again by its next call when nothing
 // but this slot can reach it (issue 34 item 1; docs/output-reuse.md). At
@@ -229,12 +238,13 @@ struct AlltoallCounts;  // below
 // instead of new storage. With `known`: this member's counts, from
 // alltoall_checked_counts (below) on the same arguments, held by
 // `known_owner`, which an abandoned exchange keeps (MPI may still read the
-// counts).
+// counts). With `reuse` (and no `into`): the output comes from that slot.
 at::Tensor alltoall_dim(const Group& g, const at::Tensor& x, int64_t gather_dim,
                         int64_t scatter_dim, const std::vector<int64_t>& gextents,
                         const std::vector<int64_t>& numelem, const std::string& what,
                         const at::Tensor* into = nullptr, const AlltoallCounts* known = nullptr,
-                        std::shared_ptr<const void> known_owner = nullptr);
+                        std::shared_ptr<const void> known_owner = nullptr,
+                        const OutputSlot* reuse = nullptr);
 
 // ---- Counts (issue 35 item 5) ----------------------------------------------
 // MPI counts and displacements are ints. Each call above first computes

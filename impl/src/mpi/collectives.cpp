@@ -1,8 +1,11 @@
 // The communicator's collectives: check the arguments on every rank, move
 // the data (detail/team_comm.hpp's, the layers' movement), attach the
 // adjoint (see communicator.hpp's table).
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "comm_internal.hpp"
@@ -15,8 +18,27 @@ using namespace detail;
 
 namespace {
 
+// The call's name in messages, "Communicator::call(args)", built in one
+// allocation (every call builds it: the waits and the adjoint carry it).
 std::string call_name(const char* call, const std::string& args) {
-  return std::string("Communicator::") + call + "(" + args + ")";
+  static constexpr char kPrefix[] = "Communicator::";
+  std::string name;
+  name.reserve(sizeof kPrefix + std::strlen(call) + args.size() + 1);
+  name.append(kPrefix).append(call).append(1, '(').append(args).append(1, ')');
+  return name;
+}
+
+// Whether the call's output gets autograd history (LibTorch's rule: grad
+// mode on and the input requires grad). Asked before the adjoint's closure
+// is built, so that a call without history builds no closure, node or name.
+bool records_history(const at::Tensor& t) {
+  return at::GradMode::is_enabled() && t.defined() && t.requires_grad();
+}
+
+// Whether two records state the same shape (no vectors made: every call
+// compares every rank's record with rank 0's).
+bool same_shape(const Record& a, const Record& b) {
+  return a.ndim == b.ndim && std::equal(a.dims, a.dims + a.ndim, b.dims);
 }
 
 // Rank i's dtype must be rank 0's (every check below starts with it).
@@ -34,7 +56,7 @@ void check_same(const std::vector<Record>& all, const std::string& what, const c
   for (size_t i = 1; i < all.size(); ++i) {
     const Record& b = all[i];
     check_same_dtype(a, b, i, what);
-    if (b.shape() != a.shape())
+    if (!same_shape(a, b))
       throw ShapeError(what + ": rank " + std::to_string(i) + " passes a tensor of shape " +
                        shape_string(b.shape()) + ", rank 0 one of shape " +
                        shape_string(a.shape()) + " (every rank's must be the same)");
@@ -135,7 +157,11 @@ at::Tensor Communicator::allreduce(const at::Tensor& t, ReduceOp op, const Stati
   at::Tensor out;
   {
     at::NoGradGuard no_grad;
-    out = detail::allreduce(s.group(), t, comm_op(op, t.scalar_type()), what);
+    out = detail::allreduce(s.group(), t, comm_op(op, t.scalar_type()), what, &s.allreduce_out);
+  }
+  if (!records_history(t)) {
+    s.allreduce_out.keep(out);
+    return out;
   }
   if (!op_has_adjoint(op)) return attach_error(out, t, "AllreduceBackward", no_adjoint(what, op));
   auto state = s_;
@@ -160,6 +186,10 @@ at::Tensor Communicator::bcast_(const at::Tensor& t, int root, const StaticShape
   if (s.size > 1) mpi_count(t.numel(), what);  // before the copy (issue 35 item 5)
   at::Tensor buf = inplace_buffer(t);
   bcast_inplace(s.group(), buf, root, what);
+  if (!records_history(t)) {
+    forbid_reuse(t, what);
+    return buf;
+  }
   auto state = s_;
   at::Tensor out = attach(buf, t, "BcastInPlaceBackward", [state, root, what](at::Tensor g) {
     return reduce_sum_to(*state, std::move(g), root, what + " adjoint");
@@ -188,6 +218,10 @@ at::Tensor Communicator::reduce_(const at::Tensor& t, ReduceOp op, int root,
   if (s.size > 1) mpi_count(t.numel(), what);  // before the copy (issue 35 item 5)
   at::Tensor buf = inplace_buffer(t);
   raw_reduce(s, buf, op, root, what);
+  if (!records_history(t)) {
+    forbid_reuse(t, what);
+    return buf;
+  }
   at::Tensor out;
   if (!op_has_adjoint(op)) {
     out = attach_error(buf, t, "ReduceInPlaceBackward", no_adjoint(what, op));
@@ -221,6 +255,7 @@ at::Tensor Communicator::gather(const at::Tensor& t, int64_t axis, int root,
     at::NoGradGuard no_grad;
     out = gather_dim(s.group(), t, axis, extents, root, what);
   }
+  if (!records_history(t)) return out;
   auto state = s_;
   const Shape root_shape = t.sizes().vec();
   return attach(out, t, "GatherBackward",
@@ -250,7 +285,11 @@ at::Tensor Communicator::allgather(const at::Tensor& t, int64_t axis,
   at::Tensor out;
   {
     at::NoGradGuard no_grad;
-    out = allgather_dim(s.group(), t, axis, extents, what);
+    out = allgather_dim(s.group(), t, axis, extents, what, &s.allgather_out);
+  }
+  if (!records_history(t)) {
+    s.allgather_out.keep(out);
+    return out;
   }
   auto state = s_;
   return attach(out, t, "AllgatherBackward", [state, axis, extents, what](const at::Tensor& g) {
@@ -294,6 +333,7 @@ at::Tensor Communicator::scatter(const at::Tensor& t, int64_t axis, int64_t nume
     at::NoGradGuard no_grad;
     out = scatter_dim(s.group(), t, axis, numelems, root, root_shape, options, what);
   }
+  if (!records_history(t)) return out;
   auto state = s_;
   const std::vector<int64_t> in_sizes = t.sizes().vec();
   return attach(out, t, "ScatterBackward",
@@ -396,7 +436,11 @@ at::Tensor Communicator::alltoall(const at::Tensor& t, int64_t gather_axis, int6
   {
     at::NoGradGuard no_grad;
     out = alltoall_dim(s.group(), t, gather_axis, scatter_axis, a.gextents, a.numelems, a.what,
-                       nullptr, &a.counts, agreed);
+                       nullptr, &a.counts, agreed, &s.alltoall_out);
+  }
+  if (!records_history(t)) {
+    s.alltoall_out.keep(out);
+    return out;
   }
   auto state = s_;
   return attach(out, t, "AlltoallBackward",

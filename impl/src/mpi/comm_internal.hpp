@@ -28,6 +28,9 @@ struct CommState {
   int max_tag = 0;          // user tags are below it; adjoint tags = tag + max_tag
   Partition keep;           // keeps a partition's communicator alive
   std::shared_ptr<MPI_Comm> owned;  // a dup()'s communicator, freed with the state
+  // The last output without history of the calls that return a new tensor,
+  // handed out again when the caller dropped it (docs/output-reuse.md).
+  OutputSlot allreduce_out, allgather_out, alltoall_out;
   Group group() const { return {comm, rank, size}; }
 };
 
@@ -46,12 +49,14 @@ struct Pending {
   bool adjoint_waited = false;
   MPI_Request adjoint_request = MPI_REQUEST_NULL;
   at::Tensor adjoint_buffer;
-  std::string name;  // "isend to 1 (tag 0)", made once at start (what())
+  // "isend to 1 (tag 0)", written once at start without allocating (the
+  // waits name the operation by it).
+  char name[64] = {0};
   // A receive whose tensor is above MPI's count limit: the error its wait
   // raises (after its receive of nothing finished); empty otherwise.
   std::string overflow;
-  const std::string& what() const { return name; }
-  static std::string name_of(Kind kind, int peer, int tag);
+  std::string what() const { return name; }
+  void set_name(Kind kind, int peer, int tag);
 };
 
 // One rank's statement about a call: its tensor's dtype and shape, a local

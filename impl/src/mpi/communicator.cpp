@@ -9,6 +9,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 
@@ -111,9 +112,9 @@ std::string shape_str(at::IntArrayRef s) {
   return os.str();
 }
 
-std::string Pending::name_of(Kind kind, int peer, int tag) {
-  return std::string(kind == kSend ? "isend to " : "irecv from ") + std::to_string(peer) +
-         " (tag " + std::to_string(tag) + ")";
+void Pending::set_name(Kind kind, int peer, int tag) {
+  std::snprintf(name, sizeof name, "%s %d (tag %d)", kind == kSend ? "isend to" : "irecv from",
+                peer, tag);
 }
 
 Record make_record(const at::Tensor& t) {
@@ -239,7 +240,10 @@ std::vector<Record> exchange_records(const CommState& s, const Record& mine,
                                      const std::string& what) {
   std::vector<Record> all(s.size);
   constexpr int n = sizeof(Record) / sizeof(int64_t);
-  const std::string shapes = what + " (shapes)";
+  // The exchange's name in messages: one string per thread, reused, so that
+  // a call does not allocate it (nothing in the exchange makes another).
+  static thread_local std::string shapes;
+  shapes.assign(what).append(" (shapes)");
   static_assert(sizeof(Record) <= detail::kBoardBlockBytes, "a record fits a board's block");
   // Every rank on one node: through shared memory (detail/header_board.hpp),
   // else by MPI; which of the two is agreed once per communicator.

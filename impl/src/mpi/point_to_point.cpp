@@ -72,7 +72,7 @@ struct WaitBackward : torch::autograd::Node {
     if (p->kind == Pending::kSend) {
       p->adjoint_buffer = at::empty(p->sizes, p->options);
       PARTITA_MPI_CHECK(MPI_Irecv(p->adjoint_buffer.data_ptr(),
-                                  mpi_count(p->adjoint_buffer.numel(), p->what()),
+                                  mpi_count(p->adjoint_buffer.numel(), p->name),
                                   mpi_datatype(p->adjoint_buffer.scalar_type()), p->peer,
                                   adjoint_tag, s.comm, &p->adjoint_request));
     } else {
@@ -82,7 +82,7 @@ struct WaitBackward : torch::autograd::Node {
       // gradient it does not own alone (AccumulateGrad copies it then).
       p->adjoint_buffer = g.to(p->options.dtype()).contiguous();
       PARTITA_MPI_CHECK(MPI_Isend(p->adjoint_buffer.data_ptr(),
-                                  mpi_count(p->adjoint_buffer.numel(), p->what()),
+                                  mpi_count(p->adjoint_buffer.numel(), p->name),
                                   mpi_datatype(p->adjoint_buffer.scalar_type()), p->peer,
                                   adjoint_tag, s.comm, &p->adjoint_request));
     }
@@ -149,7 +149,7 @@ WaitHandle start(const std::shared_ptr<CommState>& state, const at::Tensor& t, i
   p->comm = state;
   p->peer = peer;
   p->tag = tag;
-  p->name = Pending::name_of(kind, peer, tag);
+  p->set_name(kind, peer, tag);
   p->sizes = t.sizes().vec();
   p->options = t.options().requires_grad(false);
   const MPI_Datatype type = mpi_datatype(t.scalar_type());
@@ -163,7 +163,7 @@ WaitHandle start(const std::shared_ptr<CommState>& state, const at::Tensor& t, i
   // raises input.count_overflow at its wait.
   int n = 0;
   try {
-    n = mpi_count(t.numel(), p->what());
+    n = mpi_count(t.numel(), p->name);
   } catch (const ShapeError&) {
     if (kind == Pending::kSend) {
       MPI_Request notice = MPI_REQUEST_NULL;
@@ -244,11 +244,11 @@ at::Tensor Communicator::wait(const WaitHandle& handle) const {
   p->waited = true;
   if (p->kind == Pending::kRecv) {
     const MPI_Datatype type = mpi_datatype(p->options.dtype().toScalarType());
-    const int64_t got = wait_received(p->request, type, p->what().c_str());
+    const int64_t got = wait_received(p->request, type, p->name);
     if (!p->overflow.empty()) throw ShapeError(p->overflow, rule_code::kCountOverflow);
     if (got != p->buffer.numel()) throw_message_size(*p, got);
   } else {
-    mpi::wait(p->request, p->what().c_str());
+    mpi::wait(p->request, p->name);
   }
   // An isend's wait returns the sent values (mpi4torch); an irecv's what came.
   // A receive's buffer is fresh and nobody else's: it is the result.
