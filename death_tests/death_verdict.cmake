@@ -1,4 +1,5 @@
-# Shared by the death tests' judges (run_death.cmake, run_lost_node.cmake).
+# Shared by the death tests' judges (run_death.cmake, run_lost_node.cmake,
+# run_one_sided.cmake).
 #
 # death_check_survivors(MISSING RANK...): every RANK reached the operation
 # ("rank R waits in MODE" in ${all}) and none returned from it ("rank R

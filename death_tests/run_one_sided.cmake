@@ -11,6 +11,7 @@
 #    OneSided.RawCall").
 #
 # cmake -DMPIEXEC=... -DPROGRAM=... -DSITUATION=InBody -DRANKS=2 -DLIMIT=20 -P run_one_sided.cmake
+include(${CMAKE_CURRENT_LIST_DIR}/death_verdict.cmake)
 foreach(v MPIEXEC PROGRAM SITUATION RANKS LIMIT)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "run_one_sided.cmake: -D${v}=... is required")
@@ -45,7 +46,5 @@ else()
     string(APPEND problems "OneSided.Next failed; ")
   endif()
 endif()
-message(STATUS "OneSided.${SITUATION} at ${RANKS} ranks: exit status ${rc} after ${seconds} s")
-if(problems)
-  message(FATAL_ERROR "${problems}\n--- output ---\n${all}")
-endif()
+set(report "OneSided.${SITUATION} at ${RANKS} ranks: exit status ${rc} after ${seconds} s\n--- output ---\n${all}")
+death_verdict()

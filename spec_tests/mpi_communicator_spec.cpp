@@ -254,6 +254,26 @@ TEST(CommunicatorForward, AlltoallOutMatchesReference) {
     }
 }
 
+// Without a promise, an alltoall reuses what the last one derived from the
+// ranks' records only while every rank's record is the same as then: a
+// rank whose own call did not change still sees another rank's new extent
+// (gather 0, scatter 1: the last rank's rows change from call to call, so
+// every rank's output rows change).
+TEST(CommunicatorForward, AlltoallAfterAnotherRankChangedItsShape) {
+  const Communicator comm = world().dup();
+  const int p = P();
+  const std::vector<int64_t> numelem(p, 1);
+  for (int call = 0; call < 4; ++call) {
+    Tensors x;
+    for (int r = 0; r < p; ++r)
+      x.push_back(input_of(110 + call, r, {r == p - 1 ? 1 + call % 2 : 1, p}, at::kDouble));
+    expect_passes("call " + std::to_string(call), [&] {
+      const at::Tensor y = comm.alltoall(x[me()], 0, 1, 1);
+      return compare(y, ref::alltoall(x, 0, 1, numelem)[me()]);
+    });
+  }
+}
+
 TEST(CommunicatorForward, ReductionOperationsMatchReference) {
   const int last = P() - 1;
   struct OpCase {
@@ -543,6 +563,40 @@ TEST(CommunicatorDummies, ZeroVolumeAndUnusedOutputsGetZeros) {
   mpi::join_dummies(z * 1.0, {y}).sum().backward();
   expect_ok(zero_grad(x, "allreduce's input, its output only a dummy"));
   expect_ok(compare(z.grad(), torch::ones({2}, at::kDouble)));
+}
+
+// The dummy of a handle without history (nothing requires grad): a
+// zero-dimensional double zero, not another live handle's, and zero again
+// after a caller changed a dropped one (docs/output-reuse.md: a dropped
+// dummy is handed out again).
+TEST(CommunicatorDummies, PlainDummiesAreZeroAndTheirOwn) {
+  const Communicator comm = world().dup();
+  const int next = (me() + 1) % P(), prev = (me() - 1 + P()) % P();
+  const at::Tensor a = input_of(106, me(), {3}, at::kDouble);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<mpi::WaitHandle> handles;
+    for (int tag : {2, 4}) {
+      handles.push_back(comm.irecv(at::empty({3}, at::kDouble), prev, tag));
+      handles.push_back(comm.isend(a, next, tag));
+    }
+    std::string problem;
+    for (size_t i = 0; i < handles.size(); ++i) {
+      const at::Tensor& d = handles[i].dummy();
+      if (!d.defined() || d.dim() != 0 || d.scalar_type() != at::kDouble || d.requires_grad() ||
+          d.item<double>() != 0)
+        problem += "round " + std::to_string(round) + ", handle " + std::to_string(i) +
+                   ": its dummy is not a double zero without grad; ";
+      for (size_t j = 0; j < i; ++j)
+        if (d.data_ptr() == handles[j].dummy().data_ptr())
+          problem += "handles " + std::to_string(j) + " and " + std::to_string(i) +
+                     " share their dummy's memory; ";
+    }
+    for (auto& h : handles) {
+      h.dummy().fill_(5.0);  // what a caller may do before dropping it
+      comm.wait(h);
+    }
+    expect_ok(problem);
+  }
 }
 
 }  // namespace

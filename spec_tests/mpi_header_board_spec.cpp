@@ -288,6 +288,26 @@ TEST(HeaderBoard, GathersWhatMpiGathersCallAfterCall) {
   expect_paths(four, by_mpi_calls, by_board_calls, kCalls, "call");
 }
 
+// One call of a communicator `comm` made from `P`, whether it gave the
+// right result: on an even call an allreduce of every member's
+// (world rank + 1) * call, on an odd one a broadcast from P's rank
+// call % size of its world rank + `offset`; `n` elements.
+bool alternating_call(const mpi::Communicator& comm, const mpi::Partition& P, int call, int64_t n,
+                      double offset) {
+  at::Tensor y, want;
+  if (call % 2 == 0) {
+    y = comm.allreduce(at::full({n}, (rank() + 1.0) * call, at::kDouble), ReduceOp::kSum);
+    double sum = 0;
+    for (int w : P.workers()) sum += (w + 1.0) * call;
+    want = at::full({n}, sum, at::kDouble);
+  } else {
+    const int root = call % P.size();
+    y = comm.bcast_(at::full({n}, rank() + offset, at::kDouble), root);
+    want = at::full({n}, P.workers()[static_cast<size_t>(root)] + offset, at::kDouble);
+  }
+  return at::equal(y, want);
+}
+
 // The communicator's record exchange takes the same path as the layers'
 // header exchange on the same communicator, call after call, the two
 // interleaved (one board, one sequence of calls): a Communicator made from
@@ -312,21 +332,9 @@ TEST(HeaderBoard, CommunicatorCallsTakeTheirCommunicatorsPath) {
       exchange_headers(P, drawn(call, rank()), "HeaderBoard test", got);
       if (!as_drawn(P, call, got)) ok = false;
       const long before = g_header_allgathers.load();
-      at::Tensor y, want;
-      if (call % 2 == 0) {
-        // Every member's (world rank + 1) * call, summed.
-        y = comms[p].allreduce(at::full({3}, (rank() + 1.0) * call, at::kDouble), ReduceOp::kSum);
-        double sum = 0;
-        for (int w : P.workers()) sum += (w + 1.0) * call;
-        want = at::full({3}, sum, at::kDouble);
-      } else {
-        // From the member of P's rank call % size: its world rank.
-        const int root = call % P.size();
-        y = comms[p].bcast_(at::full({3}, rank() + 0.5, at::kDouble), root);
-        want = at::full({3}, P.workers()[static_cast<size_t>(root)] + 0.5, at::kDouble);
-      }
+      const bool right = alternating_call(comms[p], P, call, 3, 0.5);
       count_path(P, g_header_allgathers.load() - before, by_mpi_calls[p], by_board_calls[p]);
-      if (!at::equal(y, want)) {
+      if (!right) {
         ok = false;
         why = "call " + std::to_string(call) + " on partition " + std::to_string(p) + " gave a wrong result";
       }
@@ -380,19 +388,9 @@ TEST(HeaderBoard, OneRankRefusingSendsCommunicatorRecordsByMpi) {
   bool ok = true;
   for (int call = 1; call <= kCalls; ++call) {
     const long before = g_header_allgathers.load();
-    at::Tensor y, want;
-    if (call % 2 == 0) {
-      y = comm.allreduce(at::full({5}, (rank() + 1.0) * call, at::kDouble), ReduceOp::kSum);
-      double sum = 0;
-      for (int w : P.workers()) sum += (w + 1.0) * call;
-      want = at::full({5}, sum, at::kDouble);
-    } else {
-      const int root = call % P.size();
-      y = comm.bcast_(at::full({5}, rank() + 0.25, at::kDouble), root);
-      want = at::full({5}, P.workers()[static_cast<size_t>(root)] + 0.25, at::kDouble);
-    }
+    const bool right = alternating_call(comm, P, call, 5, 0.25);
     count_path(P, g_header_allgathers.load() - before, by_mpi_calls, by_board_calls);
-    if (!at::equal(y, want)) ok = false;
+    if (!right) ok = false;
   }
   mpi::detail::set_header_board_allowed(true);
   EXPECT_TRUE(agreed(ok)) << "a communicator call gave a wrong result";

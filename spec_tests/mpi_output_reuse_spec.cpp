@@ -16,8 +16,8 @@
 //   grad gets an output without an autograd node, as LibTorch's own ops
 //   give, and that output is reused like any other.
 // The communicator's calls that return a new tensor (allreduce, allgather,
-// alltoall with its blocks in the output or in a staging buffer) are held
-// to the same rules.
+// alltoall with its blocks in the output or in a staging buffer, irecv's
+// wait) are held to the same rules.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -139,6 +139,22 @@ std::vector<Case> cases() {
                  return Layer([comm](const at::Tensor& x) { return comm.alltoall(x, 1, 0, 2); });
                },
                [](int salt) { return random({2 * size(), 3}, salt); }});
+  // irecv's result: each rank receives its left neighbour's tensor (the
+  // isend's handle and the irecv's are waited on in the layer).
+  c.push_back({"Communicator::irecv (a ring)",
+               [] {
+                 const mpi::Communicator comm = mpi::Communicator::world();
+                 return Layer([comm](const at::Tensor& x) {
+                   const int next = (comm.rank() + 1) % comm.size();
+                   const int prev = (comm.rank() + comm.size() - 1) % comm.size();
+                   auto r = comm.irecv(x, prev, 3);
+                   auto h = comm.isend(x, next, 3);
+                   at::Tensor y = comm.wait(r);
+                   comm.wait(h);
+                   return y;
+                 });
+               },
+               [](int salt) { return random({2, 3}, salt); }});
   return c;
 }
 

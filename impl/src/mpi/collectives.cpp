@@ -349,40 +349,28 @@ namespace {
 // What every rank of an alltoall (or alltoall_out, `out` given) agrees on
 // after the records are exchanged and checked.
 // (With a StaticShapes promise, the first call's is kept in the site and
-// later calls reuse it: static_derived.)
+// later calls reuse it: static_derived. Without one, the last call's is
+// kept in the communicator, and the next call reuses it when the records
+// every rank exchanged are the ones it was agreed from: everything below is
+// a function of them and of this rank's number.)
 struct AlltoallAgreed {
   std::string what;
   std::vector<int64_t> gextents, numelems;
   AlltoallCounts counts;  // this rank's (alltoall_checked_counts)
+  std::vector<Record> all;  // the records it was agreed from
 };
 
-std::shared_ptr<const AlltoallAgreed> agree_alltoall(const CommState& s, const at::Tensor& t,
-                                                     int64_t gather_axis, int64_t scatter_axis,
-                                                     int64_t numelem, const at::Tensor* out,
-                                                     const StaticShapes& shapes) {
-  auto name = [&] {
-    return call_name(out ? "alltoall_out" : "alltoall",
-                     "gather_axis " + std::to_string(gather_axis) + ", scatter_axis " +
-                         std::to_string(scatter_axis) + ", numelem " + std::to_string(numelem));
-  };
-  Record mine = make_record(t);
-  mine.p[0] = gather_axis;
-  mine.p[1] = scatter_axis;
-  mine.p[3] = numelem;
-  check_axis(mine, gather_axis, 2);
-  check_axis(mine, scatter_axis, 1);
-  if (!mine.status && numelem < 0) mine.status = Record::kBadNumelem;
-  if (out) check_out(mine, *out, t);
-  // (alltoall and alltoall_out are one call for a StaticShapes site: a rank
-  // that switches between them breaks the promise, its record's out fields
-  // having changed.)
-  if (auto kept = static_derived(s, mine, name, "alltoall", shapes))
-    return std::static_pointer_cast<const AlltoallAgreed>(kept);
-  auto agreed = std::make_shared<AlltoallAgreed>();
+bool same_records(const Record* a, const Record* b, size_t n) {
+  return std::memcmp(a, b, n * sizeof(Record)) == 0;
+}
+
+// The rest of agree_alltoall: checks every rank's record and derives the
+// counts, into `agreed` (its name set).
+std::shared_ptr<const AlltoallAgreed> agree_alltoall_records(
+    const CommState& s, const at::Tensor& t, int64_t gather_axis, int64_t scatter_axis,
+    std::shared_ptr<AlltoallAgreed> agreed, std::vector<Record> all, const StaticShapes& shapes) {
   AlltoallAgreed& a = *agreed;
-  a.what = name();
   const std::string& what = a.what;
-  const auto all = exchange_records(s, mine, what, "alltoall", shapes);
   check_shapes_but(all, what, gather_axis, scatter_axis);
   int64_t sum_n = 0, sum_g = 0;
   for (const auto& r : all) {
@@ -421,8 +409,57 @@ std::shared_ptr<const AlltoallAgreed> agree_alltoall(const CommState& s, const a
   a.counts = alltoall_checked_counts(s.rank, t.sizes(), gather_axis, scatter_axis, a.gextents,
                                      a.numelems, what);
   keep_promise(s, "alltoall", shapes, all);
-  keep_derived(shapes, agreed);
+  if (shapes.site()) {
+    keep_derived(shapes, agreed);
+  } else {
+    a.all = std::move(all);
+    s.last_alltoall.set(agreed);
+  }
   return agreed;
+}
+
+std::shared_ptr<const AlltoallAgreed> agree_alltoall(const CommState& s, const at::Tensor& t,
+                                                     int64_t gather_axis, int64_t scatter_axis,
+                                                     int64_t numelem, const at::Tensor* out,
+                                                     const StaticShapes& shapes) {
+  auto name = [&] {
+    return call_name(out ? "alltoall_out" : "alltoall",
+                     "gather_axis " + std::to_string(gather_axis) + ", scatter_axis " +
+                         std::to_string(scatter_axis) + ", numelem " + std::to_string(numelem));
+  };
+  Record mine = make_record(t);
+  mine.p[0] = gather_axis;
+  mine.p[1] = scatter_axis;
+  mine.p[3] = numelem;
+  check_axis(mine, gather_axis, 2);
+  check_axis(mine, scatter_axis, 1);
+  if (!mine.status && numelem < 0) mine.status = Record::kBadNumelem;
+  if (out) check_out(mine, *out, t);
+  // (alltoall and alltoall_out are one call for a StaticShapes site: a rank
+  // that switches between them breaks the promise, its record's out fields
+  // having changed.)
+  if (auto kept = static_derived(s, mine, name, "alltoall", shapes))
+    return std::static_pointer_cast<const AlltoallAgreed>(kept);
+  // The last call's agreement, if this rank's record is the one it was
+  // agreed from (its name then is this call's too).
+  std::shared_ptr<const AlltoallAgreed> last;
+  if (!shapes.site()) {
+    last = std::static_pointer_cast<const AlltoallAgreed>(s.last_alltoall.get());
+    if (last && !same_records(&last->all.at(s.rank), &mine, 1)) last.reset();
+  }
+  if (last) {
+    auto all = exchange_records(s, mine, last->what, "alltoall", shapes);
+    if (same_records(all.data(), last->all.data(), all.size())) return last;
+    auto agreed = std::make_shared<AlltoallAgreed>();
+    agreed->what = last->what;
+    return agree_alltoall_records(s, t, gather_axis, scatter_axis, std::move(agreed), std::move(all),
+                                  shapes);
+  }
+  auto agreed = std::make_shared<AlltoallAgreed>();
+  agreed->what = name();
+  auto all = exchange_records(s, mine, agreed->what, "alltoall", shapes);
+  return agree_alltoall_records(s, t, gather_axis, scatter_axis, std::move(agreed), std::move(all),
+                                shapes);
 }
 
 }  // namespace

@@ -21,6 +21,24 @@
 
 namespace partita::mpi::detail {
 
+// What a call derived from every rank's records, kept for the next call of
+// the same kind (any thread may read or replace it).
+class LastAgreement {
+ public:
+  std::shared_ptr<const void> get() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return kept_;
+  }
+  void set(std::shared_ptr<const void> agreed) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    kept_ = std::move(agreed);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::shared_ptr<const void> kept_;
+};
+
 struct CommState {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = -1;
@@ -31,6 +49,14 @@ struct CommState {
   // The last output without history of the calls that return a new tensor,
   // handed out again when the caller dropped it (docs/output-reuse.md).
   OutputSlot allreduce_out, allgather_out, alltoall_out;
+  // The same for isend/irecv: the last received tensor, and the last
+  // dummy of a send's and of a receive's handle without history (a dummy
+  // handed out again is written zero first).
+  OutputSlot irecv_out, send_dummy, recv_dummy;
+  // The agreement of the last alltoall without a StaticShapes promise
+  // (collectives.cpp), reused by the next while every rank's record is the
+  // one it was agreed from.
+  LastAgreement last_alltoall;
   Group group() const { return {comm, rank, size}; }
 };
 

@@ -38,6 +38,16 @@ at::Tensor zero_scalar(at::ScalarType type) {
   return at::detail::scalar_tensor_static(0, type, at::kCPU);
 }
 
+// The dummy of a handle without history: the one `slot` kept, when the
+// caller dropped it, written zero again (docs/output-reuse.md's rules), else
+// a new one; kept for the next handle.
+at::Tensor plain_dummy(const OutputSlot& slot) {
+  at::Tensor d = slot.take({}, at::TensorOptions().dtype(at::kDouble));
+  *static_cast<double*>(d.data_ptr()) = 0.0;
+  slot.keep(d);
+  return d;
+}
+
 // Runs after WaitBackward: waits for the adjoint message and returns the
 // input's gradient.
 struct NonBlockingBackward : torch::autograd::Node {
@@ -182,14 +192,16 @@ WaitHandle start(const std::shared_ptr<CommState>& state, const at::Tensor& t, i
     // The send holds the input itself (its storage is what matters; wait
     // returns a detached alias), not a detached copy of its TensorImpl.
     at::NoGradGuard no_grad;
-    p->buffer = kind == Pending::kSend ? t.contiguous() : at::empty(p->sizes, p->options);
+    p->buffer = kind == Pending::kSend ? t.contiguous() : s.irecv_out.take(p->sizes, p->options);
   }
   if (kind == Pending::kSend)
     PARTITA_MPI_CHECK(MPI_Isend(p->buffer.data_ptr(), n, type, peer, tag, s.comm, &p->request));
   else
     PARTITA_MPI_CHECK(MPI_Irecv(p->buffer.data_ptr(), n, type, peer, tag, s.comm, &p->request));
+  if (!torch::autograd::compute_requires_grad(t))
+    return WaitHandle(p, plain_dummy(kind == Pending::kSend ? s.send_dummy : s.recv_dummy));
   at::Tensor dummy = zero_scalar(at::kDouble);
-  if (torch::autograd::compute_requires_grad(t)) {
+  {
     auto node = std::shared_ptr<NonBlockingBackward>(new NonBlockingBackward(),
                                                      torch::autograd::deleteNode);
     node->p = p;
@@ -265,6 +277,8 @@ at::Tensor Communicator::wait(const WaitHandle& handle) const {
     node->p = p;
     node->set_next_edges(torch::autograd::collect_next_edges(handle.dummy()));
     torch::autograd::set_history(out, node);
+  } else if (p->kind == Pending::kRecv) {
+    p->comm->irecv_out.keep(out);  // for the next irecv, when the caller drops it
   }
   return out;
 }

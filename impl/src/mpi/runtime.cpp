@@ -392,19 +392,28 @@ void wait(MPI_Request& request, const char* what) { wait_all(1, &request, what);
 int64_t wait_received(MPI_Request& request, MPI_Datatype type, const char* what) {
   MPI_Status status;
   bool truncated = false;
-  poll_until(
-      [&] {
-        int done = 0;
-        const int code = MPI_Test(&request, &done, &status);
-        if (code == MPI_SUCCESS) return done != 0;
-        int cls = MPI_ERR_OTHER;
-        MPI_Error_class(code, &cls);
-        if (cls != MPI_ERR_TRUNCATE) check(code, "MPI_Test(&request, &done, &status)", __FILE__, __LINE__);
-        // A truncated receive is complete: MPI freed its request.
-        truncated = true;
-        return true;
-      },
-      what, true);
+  // A receive that ended truncated is complete (MPI freed its request);
+  // any other error raises.
+  auto finished = [&](int code, const char* call) {
+    if (code == MPI_SUCCESS) return;
+    int cls = MPI_ERR_OTHER;
+    MPI_Error_class(code, &cls);
+    if (cls != MPI_ERR_TRUNCATE) check(code, call, __FILE__, __LINE__);
+    truncated = true;
+  };
+  if (blocking_waits()) {
+    const WatchedCall watched(what);
+    finished(MPI_Wait(&request, &status), "MPI_Wait(&request, &status)");
+  } else {
+    poll_until(
+        [&] {
+          int done = 0;
+          const int code = MPI_Test(&request, &done, &status);
+          finished(code, "MPI_Test(&request, &done, &status)");
+          return code != MPI_SUCCESS || done != 0;
+        },
+        what, true);
+  }
   if (truncated) return -1;
   int count = 0;
   PARTITA_MPI_CHECK(MPI_Get_count(&status, type, &count));
