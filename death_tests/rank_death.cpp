@@ -62,7 +62,10 @@ bool victim() { return mpi::world_rank() == kVictim; }
 [[noreturn]] void die() {
   usleep(500 * 1000);
   if (g_cut) {
-    if (std::system("ip link set eth0 down") != 0) std::fprintf(stderr, "rank_death: could not cut the link\n");
+    // (Without the rank's preloads: under tools/sanitize.sh they hold the
+    // sanitizer's runtime, which would check `ip` itself for leaks.)
+    if (std::system("env -u LD_PRELOAD ip link set eth0 down") != 0)
+      std::fprintf(stderr, "rank_death: could not cut the link\n");
     for (;;) sleep(60);  // alive, unreachable: its own peer check or the launcher ends it
   }
   raise(SIGKILL);
