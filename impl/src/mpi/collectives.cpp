@@ -447,17 +447,13 @@ std::shared_ptr<const AlltoallAgreed> agree_alltoall(const CommState& s, const a
     last = std::static_pointer_cast<const AlltoallAgreed>(s.last_alltoall.get());
     if (last && !same_records(&last->all.at(s.rank), &mine, 1)) last.reset();
   }
-  if (last) {
-    auto all = exchange_records(s, mine, last->what, "alltoall", shapes);
-    if (same_records(all.data(), last->all.data(), all.size())) return last;
-    auto agreed = std::make_shared<AlltoallAgreed>();
-    agreed->what = last->what;
-    return agree_alltoall_records(s, t, gather_axis, scatter_axis, std::move(agreed), std::move(all),
-                                  shapes);
-  }
+  std::string named;
+  if (!last) named = name();
+  const std::string& what = last ? last->what : named;
+  auto all = exchange_records(s, mine, what, "alltoall", shapes);
+  if (last && same_records(all.data(), last->all.data(), all.size())) return last;
   auto agreed = std::make_shared<AlltoallAgreed>();
-  agreed->what = name();
-  auto all = exchange_records(s, mine, agreed->what, "alltoall", shapes);
+  agreed->what = what;
   return agree_alltoall_records(s, t, gather_axis, scatter_axis, std::move(agreed), std::move(all),
                                 shapes);
 }
