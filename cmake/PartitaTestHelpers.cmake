@@ -3,7 +3,8 @@
 #
 #   partita_add_mpi_test(NAME SOURCES a.cpp ... RANKS 1 2 4
 #                        [LIBRARIES lib ...] [TIMEOUT seconds] [ENV VAR=value ...]
-#                        [CONFORMANCE [CONFORMANCE_RANKS 6 8]])
+#                        [CONFORMANCE [CONFORMANCE_RANKS 6 8]]
+#                        [NIGHTLY_RANKS 8])
 #
 # builds NAME from SOURCES against partita::testing (whose main() starts MPI,
 # runs GoogleTest on every rank and agrees one exit status) and registers one
@@ -11,6 +12,9 @@
 # the deadline settings below. CONFORMANCE also lists the suite in the
 # manifest that partita_write_conformance_manifest() writes for
 # `partita conformance --suites FILE`, at RANKS and CONFORMANCE_RANKS.
+# NIGHTLY_RANKS (a subset of RANKS) labels those rank counts' ctests
+# `nightly`, out of the default run (`ctest -L nightly` runs them); the
+# conformance manifest still lists them.
 include_guard(GLOBAL)
 
 # MPICH's launcher by name: with OpenMPI beside it, `mpiexec` may be OpenMPI's.
@@ -26,7 +30,7 @@ set(PARTITA_MPI_TIMEOUT 600 CACHE STRING "Seconds before an mpirun test is kille
 set(PARTITA_STUCK_WAIT_ENV "PARTITA_DEADLINE=5;PARTITA_WAIT_TIMEOUT=55")
 
 function(partita_add_mpi_test name)
-  cmake_parse_arguments(ARG "CONFORMANCE" "TIMEOUT" "RANKS;CONFORMANCE_RANKS;SOURCES;ENV;LIBRARIES" ${ARGN})
+  cmake_parse_arguments(ARG "CONFORMANCE" "TIMEOUT" "RANKS;CONFORMANCE_RANKS;NIGHTLY_RANKS;SOURCES;ENV;LIBRARIES" ${ARGN})
   if(NOT ARG_SOURCES)
     message(FATAL_ERROR "partita_add_mpi_test(${name}): SOURCES is required")
   endif()
@@ -36,6 +40,12 @@ function(partita_add_mpi_test name)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT ${PARTITA_MPI_TIMEOUT})
   endif()
+  foreach(n IN LISTS ARG_NIGHTLY_RANKS)
+    list(FIND ARG_RANKS ${n} at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "partita_add_mpi_test(${name}): NIGHTLY_RANKS ${n} is not among RANKS")
+    endif()
+  endforeach()
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE partita::testing ${ARG_LIBRARIES})
   set(labels mpi)
@@ -47,12 +57,17 @@ function(partita_add_mpi_test name)
       "{\"name\": \"${name}\", \"binary\": \"$<TARGET_FILE:${name}>\", \"ranks\": [${ranks_json}]}")
   endif()
   foreach(n IN LISTS ARG_RANKS)
+    set(test_labels "${labels};np${n}")
+    list(FIND ARG_NIGHTLY_RANKS ${n} at)
+    if(NOT at EQUAL -1)
+      list(APPEND test_labels nightly)
+    endif()
     add_test(NAME ${name}_np${n}
              COMMAND ${PARTITA_MPIEXEC} -n ${n} $<TARGET_FILE:${name}>)
     set_tests_properties(${name}_np${n} PROPERTIES
       TIMEOUT ${ARG_TIMEOUT}
       PROCESSORS 2
-      LABELS "${labels};np${n}"
+      LABELS "${test_labels}"
       ENVIRONMENT "${PARTITA_STUCK_WAIT_ENV};OMP_NUM_THREADS=1;${ARG_ENV}")
   endforeach()
 endfunction()
