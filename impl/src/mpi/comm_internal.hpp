@@ -68,7 +68,7 @@ struct Pending {
   int peer = 0, tag = 0;
   MPI_Request request = MPI_REQUEST_NULL;
   at::Tensor buffer;          // what is sent / received into
-  std::vector<int64_t> sizes; // the input's shape and options (for gradients)
+  at::DimVector sizes;        // the input's shape and options (for gradients)
   at::TensorOptions options;
   bool waited = false;
   bool adjoint_started = false;

