@@ -308,11 +308,31 @@ TEST(CommunicatorForward, InPlaceCallsWriteIntoTheirInput) {
   const at::Tensor y = world().bcast_(x, 0);
   EXPECT_EQ(y.data_ptr(), x.data_ptr());
   EXPECT_EQ(compare(x, input_of(31, 0, {4}, at::kDouble)), "");
+  // An input without grad is returned itself, as LibTorch's in-place ops
+  // return self (docs/communicator.md, "In place").
+  EXPECT_TRUE(y.is_same(x)) << "bcast_ of a tensor without grad returned another tensor";
   at::Tensor z = input_of(32, me(), {4}, at::kDouble);
-  world().reduce_(z, ReduceOp::kSum, 0);
+  const at::Tensor r = world().reduce_(z, ReduceOp::kSum, 0);
+  EXPECT_TRUE(r.is_same(z)) << "reduce_ of a tensor without grad returned another tensor";
   if (me() != 0) {
     EXPECT_TRUE(z.eq(0).all().item<bool>()) << "reduce_ leaves zeros off the root";
   }
+  // A leaf that requires grad, under NoGradGuard: written in place, and the
+  // result is an alias without grad (not the leaf itself, which requires it).
+  at::Tensor leaf = input_of(33, me(), {4}, at::kDouble).requires_grad_();
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    out = world().bcast_(leaf, 0);
+  }
+  EXPECT_EQ(out.data_ptr(), leaf.data_ptr());
+  EXPECT_FALSE(out.requires_grad()) << "bcast_ under NoGradGuard returned a tensor that requires grad";
+  EXPECT_EQ(compare(leaf.detach(), input_of(33, 0, {4}, at::kDouble)), "");
+  // A non-contiguous input: the result is a new contiguous tensor.
+  at::Tensor wide = input_of(34, me(), {4, 2}, at::kDouble);
+  const at::Tensor col = world().bcast_(wide.select(1, 0), 0);
+  EXPECT_TRUE(col.is_contiguous());
+  EXPECT_EQ(compare(col, input_of(34, 0, {4, 2}, at::kDouble).select(1, 0)), "");
 }
 
 TEST(CommunicatorForward, BlockingSendRecv) {

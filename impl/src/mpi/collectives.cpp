@@ -100,10 +100,12 @@ std::string no_adjoint(const std::string& what, ReduceOp op) {
 }
 
 // The in-place calls' buffer: the input's own storage when it is contiguous
-// (mpi4torch: the input is modified in place), without its history.
+// (mpi4torch: the input is modified in place), without its history. An
+// input that does not require grad is itself the buffer (and the result,
+// as LibTorch's in-place ops return self): no new TensorImpl.
 at::Tensor inplace_buffer(const at::Tensor& t) {
   at::NoGradGuard no_grad;
-  at::Tensor buf = t.contiguous().variable_data();
+  at::Tensor buf = t.requires_grad() ? t.contiguous().variable_data() : t.contiguous();
   if (buf.data_ptr() == t.data_ptr() && t.numel() > 0) torch::autograd::impl::bump_version(t);
   return buf;
 }
