@@ -451,6 +451,22 @@ TEST(CommunicatorMisuse, MismatchedArgumentsAcrossRanks) {
   expect_error("bcast_ roots", "other roots", [&] {
     world().bcast_(input_of(76, me(), {2}, at::kDouble), me() == 1 ? 0 : 1);
   });
+  // Each message names the call's own operation and root (the names are
+  // made once per operation and root, then reused): after good calls with
+  // other arguments, a bad call names its own.
+  world().allreduce(input_of(80, me(), {2}, at::kDouble), ReduceOp::kSum);
+  world().bcast_(input_of(80, me(), {2}, at::kDouble), 0);
+  world().reduce_(input_of(80, me(), {2}, at::kDouble), ReduceOp::kSum, 0);
+  expect_error("allreduce MAX shapes", "Communicator::allreduce(op MAX): rank 1 passes a tensor", [&] {
+    world().allreduce(input_of(81, me(), {2 + me()}, at::kDouble), ReduceOp::kMax);
+  });
+  expect_error("bcast_ root 1 shapes", "Communicator::bcast_(root 1): rank 1 passes a tensor", [&] {
+    world().bcast_(input_of(81, me(), {2 + me()}, at::kDouble), 1);
+  });
+  expect_error("reduce_ MAX root 1 shapes",
+               "Communicator::reduce_(op MAX, root 1): rank 1 passes a tensor", [&] {
+                 world().reduce_(input_of(81, me(), {2 + me()}, at::kDouble), ReduceOp::kMax, 1);
+               });
   // A root out of range on one rank only: every rank raises.
   expect_error("reduce_ root on rank 1", "root 99 is out of range", [&] {
     world().reduce_(input_of(76, me(), {2}, at::kDouble), ReduceOp::kSum, me() == 1 ? 99 : 0);

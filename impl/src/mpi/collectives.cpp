@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <numeric>
 
 #include "comm_internal.hpp"
@@ -25,6 +26,21 @@ std::string call_name(const char* call, const std::string& args) {
   std::string name;
   name.reserve(sizeof kPrefix + std::strlen(call) + args.size() + 1);
   name.append(kPrefix).append(call).append(1, '(').append(args).append(1, ')');
+  return name;
+}
+
+// The name of a call whose arguments take few values (an operation, a
+// root), made once per thread and key and then reused, so that the calls
+// that move small messages (allreduce, bcast_, reduce_) build no string.
+// Keys outside [0, 65536) (a bad root, say) get `spare` made afresh. A deque
+// keeps its names where they are as it grows.
+template <class Make>
+const std::string& named(std::deque<std::string>& cache, int64_t key, std::string& spare,
+                         const Make& make) {
+  if (key < 0 || key >= (int64_t{1} << 16)) return spare = make();
+  if (static_cast<size_t>(key) >= cache.size()) cache.resize(static_cast<size_t>(key) + 1);
+  std::string& name = cache[static_cast<size_t>(key)];
+  if (name.empty()) name = make();
   return name;
 }
 
@@ -145,7 +161,11 @@ at::Tensor bcast_from(const CommState& s, const at::Tensor& x, int root, const s
 
 at::Tensor Communicator::allreduce(const at::Tensor& t, ReduceOp op, const StaticShapes& shapes) const {
   const CommState& s = state_of(s_, "allreduce");
-  const std::string what = call_name("allreduce", std::string("op ") + op_name(op));
+  thread_local std::deque<std::string> names;
+  std::string spare;
+  const std::string& what = named(names, static_cast<int64_t>(op), spare, [&] {
+    return call_name("allreduce", std::string("op ") + op_name(op));
+  });
   Record mine = make_record(t);
   mine.p[0] = static_cast<int64_t>(op);
   check_op(mine, op);
@@ -174,7 +194,10 @@ at::Tensor Communicator::allreduce(const at::Tensor& t, ReduceOp op, const Stati
 
 at::Tensor Communicator::bcast_(const at::Tensor& t, int root, const StaticShapes& shapes) const {
   const CommState& s = state_of(s_, "bcast_");
-  const std::string what = call_name("bcast_", "root " + std::to_string(root));
+  thread_local std::deque<std::string> names;
+  std::string spare;
+  const std::string& what =
+      named(names, root, spare, [&] { return call_name("bcast_", "root " + std::to_string(root)); });
   Record mine = make_record(t);
   mine.p[0] = root;
   check_root(mine, root, s.size);
@@ -203,8 +226,14 @@ at::Tensor Communicator::bcast_(const at::Tensor& t, int root, const StaticShape
 at::Tensor Communicator::reduce_(const at::Tensor& t, ReduceOp op, int root,
                                  const StaticShapes& shapes) const {
   const CommState& s = state_of(s_, "reduce_");
-  const std::string what =
-      call_name("reduce_", std::string("op ") + op_name(op) + ", root " + std::to_string(root));
+  thread_local std::deque<std::string> names;
+  std::string spare;
+  const int64_t op_key = static_cast<int64_t>(op);
+  const std::string& what =
+      named(names, op_key >= 0 && op_key < 16 ? int64_t{root} * 16 + op_key : -1, spare, [&] {
+        return call_name("reduce_",
+                         std::string("op ") + op_name(op) + ", root " + std::to_string(root));
+      });
   Record mine = make_record(t);
   mine.p[0] = root;
   mine.p[1] = static_cast<int64_t>(op);
