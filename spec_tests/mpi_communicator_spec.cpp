@@ -340,8 +340,21 @@ TEST(CommunicatorForward, BlockingSendRecv) {
   const at::Tensor x = input_of(41, me(), {2, 3}, at::kFloat);
   auto h = world().isend(x, next, 1);
   const at::Tensor got = world().recv(torch::empty({2, 3}), prev, 1);
-  world().wait(h);
+  // A wait without history on a send of a tensor without grad returns that
+  // tensor itself (docs/communicator.md, "In place").
+  EXPECT_TRUE(world().wait(h).is_same(x)) << "an isend's wait returned another tensor than its input";
   expect_ok(compare(got, input_of(41, prev, {2, 3}, at::kFloat)));
+  {
+    // A leaf that requires grad, sent under NoGradGuard: an alias without grad.
+    at::NoGradGuard no_grad;
+    const at::Tensor leaf = input_of(43, me(), {3}, at::kDouble).requires_grad_();
+    auto rh = world().irecv(torch::empty({3}, at::kDouble), me(), 3);
+    auto sh = world().isend(leaf, me(), 3);
+    const at::Tensor sent = world().wait(sh);
+    EXPECT_EQ(sent.data_ptr(), leaf.data_ptr());
+    EXPECT_FALSE(sent.requires_grad()) << "an isend's wait under NoGradGuard requires grad";
+    expect_ok(compare(world().wait(rh), input_of(43, me(), {3}, at::kDouble)));
+  }
   // send is isend + wait: to oneself it needs the receive posted first.
   auto r = world().irecv(torch::empty({2, 3}, at::kInt), me(), 2);
   world().send(input_of(42, me(), {2, 3}, at::kInt), me(), 2);

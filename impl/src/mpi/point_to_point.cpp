@@ -263,16 +263,22 @@ at::Tensor Communicator::wait(const WaitHandle& handle) const {
     mpi::wait(p->request, p->name);
   }
   // An isend's wait returns the sent values (mpi4torch); an irecv's what came.
-  // A receive's buffer is fresh and nobody else's: it is the result.
+  // A receive's buffer is fresh and nobody else's: it is the result. A
+  // send's buffer that does not require grad, in a wait without history, is
+  // returned itself (the input, when it was contiguous), as the in-place
+  // calls return theirs; otherwise a detached alias of it.
+  const bool history = torch::autograd::compute_requires_grad(handle.dummy());
   at::Tensor out;
   if (p->kind == Pending::kRecv) {
     out = std::move(p->buffer);
     p->buffer = at::Tensor();
+  } else if (!history && !p->buffer.requires_grad()) {
+    out = p->buffer;
   } else {
     at::NoGradGuard no_grad;
     out = p->buffer.variable_data();
   }
-  if (torch::autograd::compute_requires_grad(handle.dummy())) {
+  if (history) {
     auto node = std::shared_ptr<WaitBackward>(new WaitBackward(), torch::autograd::deleteNode);
     node->p = p;
     node->set_next_edges(torch::autograd::collect_next_edges(handle.dummy()));
