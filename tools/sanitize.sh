@@ -45,8 +45,13 @@ export LSAN_OPTIONS="suppressions=$supp:print_suppressions=0:exitcode=88"
 start=$(date +%s)
 set +e
 # Not the perf/bench tests (timing), the soak tests (hours), the fuzzers
-# (they have their own AddressSanitizer build, fuzz/).
-ctest --test-dir "$build" -LE 'perf|bench|soak|fuzz' -V "$@" > "$build/sanitize-ctest.log" 2>&1
+# (they have their own AddressSanitizer build, fuzz/). ctest keeps only
+# the first -LE it is given, so a caller's -LE replaces this one.
+exclude=(-LE 'perf|bench|soak|fuzz')
+for arg in "$@"; do
+  [[ $arg == -LE || $arg == --label-exclude ]] && exclude=()
+done
+ctest --test-dir "$build" "${exclude[@]}" -V "$@" > "$build/sanitize-ctest.log" 2>&1
 ctest_rc=$?
 set -e
 took=$(( $(date +%s) - start ))
