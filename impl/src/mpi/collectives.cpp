@@ -478,9 +478,9 @@ std::shared_ptr<const AlltoallAgreed> agree_alltoall(const CommState& s, const a
     last = std::static_pointer_cast<const AlltoallAgreed>(s.last_alltoall.get());
     if (last && !same_records(&last->all.at(s.rank), &mine, 1)) last.reset();
   }
-  std::string named;
-  if (!last) named = name();
-  const std::string& what = last ? last->what : named;
+  std::string fresh;
+  if (!last) fresh = name();
+  const std::string& what = last ? last->what : fresh;
   auto all = exchange_records(s, mine, what, "alltoall", shapes);
   if (last && same_records(all.data(), last->all.data(), all.size())) return last;
   auto agreed = std::make_shared<AlltoallAgreed>();
