@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/FunctionRef.h>
 #include <mpi.h>
 
 #include <functional>
@@ -167,7 +168,7 @@ void keep_promise(const CommState& s, const char* call, const StaticShapes& shap
 // yet (the first call), the debug setting on, or a site of another call or
 // communicator (exchange_records then raises).
 std::shared_ptr<const void> static_derived(const CommState& s, Record mine,
-                                           const std::function<std::string()>& what,
+                                           c10::function_ref<std::string()> what,
                                            const char* call, const StaticShapes& shapes);
 // Keeps `derived` in the promise's site (no-op without one), after a long way.
 void keep_derived(const StaticShapes& shapes, std::shared_ptr<const void> derived);

@@ -340,7 +340,7 @@ void keep_promise(const CommState& s, const char* call, const StaticShapes& shap
 }
 
 std::shared_ptr<const void> static_derived(const CommState& s, Record mine,
-                                           const std::function<std::string()>& what,
+                                           c10::function_ref<std::string()> what,
                                            const char* call, const StaticShapes& shapes) {
   StaticSite* site = shapes.site();
   if (!site || check_static_shapes()) return nullptr;
