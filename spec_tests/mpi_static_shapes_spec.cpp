@@ -199,6 +199,17 @@ std::string raised_rule(Fn&& f) {
   return "";
 }
 
+// The message of the partita::Error f raises ("" if none).
+template <typename E = Error, typename Fn>
+std::string raised_message(Fn&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST_F(StaticShapes, BrokenPromiseRaisesOnEveryRankWithTheDebugSetting) {
   const Verify verify(true);
   for (const auto& c : cases()) {
@@ -340,6 +351,11 @@ TEST_F(StaticShapes, CommunicatorBrokenPromises) {
       const std::string rule = raised_rule<ShapeError>([&] { c.call(c.input(2, true), site); });
       EXPECT_TRUE(agreed(rule == rule_code::kStaticShapes))
           << c.name << " (unchecked), rank " << rank() << ": '" << rule << "'";
+      // The message names the call, then what was promised.
+      const std::string msg = raised_message<ShapeError>([&] { c.call(c.input(2, true), site); });
+      const std::string call = std::string("Communicator::") + c.name + "(";
+      EXPECT_TRUE(agreed(msg.rfind(call, 0) == 0 && msg.find("static shapes were promised") != std::string::npos))
+          << c.name << " (unchecked), rank " << rank() << ": '" << msg << "'";
     }
     if (size() >= 2) {  // a promise on rank 0 only: every rank raises at the first call
       const auto site = rank() == 0 ? mpi::StaticShapes::promise() : mpi::StaticShapes();
