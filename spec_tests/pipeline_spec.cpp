@@ -522,6 +522,68 @@ TEST(Pipeline, ModuleWithOrderedChildren) {
     }
 }
 
+// A layer with a parameter its forward never uses: one process leaves its
+// gradient undefined, and LibTorch's optimizers skip it.
+struct WithSpareImpl : torch::nn::Module {
+  explicit WithSpareImpl(int64_t w) {
+    scale = register_parameter("scale", torch::linspace(0.5, 1.5, w));
+    spare = register_parameter("spare", torch::ones({w}));
+  }
+  at::Tensor forward(at::Tensor x) { return x * scale; }
+  at::Tensor scale, spare;
+};
+TORCH_MODULE(WithSpare);
+
+// The dp average leaves a gradient undefined where every replica's is (a
+// parameter the step did not use), as one process does; Adam then leaves
+// the parameter and its state alone on every replica as there.
+TEST(Pipeline, UnusedParameterKeepsNoGradientOnEveryReplica) {
+  torch::set_num_threads(1);
+  static const bool registered = [] {
+    smp::register_layer<WithSpareImpl>();
+    return true;
+  }();
+  (void)registered;
+  for (int p : partition_counts()) {
+    init(p, "simple");
+    const std::string context = std::to_string(p) + " stages, " + std::to_string(smp::dp_size()) + " replicas";
+    auto make = [p] {  // at least one layer per stage
+      torch::manual_seed(5);
+      torch::nn::Sequential net(torch::nn::Linear(6, 6), WithSpare(6));
+      for (int i = 3; i < p; ++i) net->push_back(torch::nn::Linear(6, 6));
+      net->push_back(torch::nn::Linear(6, 4));
+      net->to(torch::kDouble);
+      return net;
+    };
+    torch::nn::Sequential net = make(), ref = make();
+    smp::DistributedModel model(net);
+    torch::optim::Adam opt(model.parameters(), 0.01), ref_opt(ref->parameters(), 0.01);
+    auto train = testing::mse_step(model, 2);
+    for (int step = 0; step < 2; ++step) {
+      torch::manual_seed(200 + step);
+      const at::Tensor x = torch::randn({8, 6}, torch::kDouble), y = torch::randn({8, 4}, torch::kDouble);
+      train(x, y);
+      torch::mse_loss(ref->forward(x), y).backward();
+      const auto ref_params = ref->named_parameters();
+      for (const auto& [name, param] : model.named_parameters()) {
+        const at::Tensor* r = ref_params.find(name);
+        ASSERT_NE(r, nullptr) << name;
+        EXPECT_EQ(param.grad().defined(), r->grad().defined())
+            << context << ", step " << step << ", rank " << smp::rank() << ": " << name;
+        if (param.grad().defined() && r->grad().defined())
+          EXPECT_LE((param.grad() - r->grad()).abs().max().item<double>(), 1e-10) << context << ": " << name;
+      }
+      opt.step();
+      opt.zero_grad();
+      ref_opt.step();
+      ref_opt.zero_grad();
+    }
+    const auto ref_params = ref->named_parameters();
+    for (const auto& [name, param] : model.named_parameters())
+      EXPECT_LE((param - *ref_params.find(name)).abs().max().item<double>(), 1e-10) << context << ": " << name;
+  }
+}
+
 // A child the pipeline cannot call (a type nobody registered), or
 // parameters of the module's own: UsageError on every rank.
 struct UnknownLayerImpl : torch::nn::Module {

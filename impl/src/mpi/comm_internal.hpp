@@ -8,7 +8,6 @@
 #include <c10/util/FunctionRef.h>
 #include <mpi.h>
 
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>

@@ -320,6 +320,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     at::Tensor flat;
     std::vector<at::Tensor> got;
     at::Tensor sum;
+    at::Tensor defined;  // average_two_replicas: this replica's flags, then the other's (uint8)
   };
   std::map<at::ScalarType, GradBuffer> grad_buffers;
   Clock::time_point step_start;
@@ -864,6 +865,124 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     stats.step_seconds = seconds_since(step_start);
   }
 
+  // Which gradients of `params` each replica holds defined (row r of the
+  // returned table: replica r's), exchanged ahead of the gradients on the
+  // same tag (MPI keeps the order of messages between two ranks): a
+  // gradient undefined on every replica (a parameter the step did not use)
+  // stays undefined, as one process leaves it, and LibTorch's optimizers
+  // then skip it as they do there. Kept in `g` (an abandoned request may
+  // still read or write it).
+  const uint8_t* post_defined(const std::vector<at::Tensor>& params, GradBuffer& g, MPI_Comm dpc, int tag,
+                              const std::string& what, std::vector<MPI_Request>& requests) {
+    const int dp = dp_size(), me = dp_rank();
+    const int64_t n = static_cast<int64_t>(params.size());
+    const int count = mpi_units(n, "parameters", what);
+    if (!g.defined.defined() || g.defined.numel() != dp * n)
+      g.defined = at::empty({dp * n}, at::TensorOptions(at::kByte));
+    uint8_t* table = g.defined.data_ptr<uint8_t>();
+    for (int64_t i = 0; i < n; ++i) table[me * n + i] = params[i].grad().defined() ? 1 : 0;
+    for (int r = 0; r < dp; ++r) {
+      if (r == me) continue;
+      MPI_Request q;
+      PARTITA_MPI_CHECK(MPI_Irecv(table + r * n, count, MPI_UINT8_T, r, tag, dpc, &q));
+      requests.push_back(q);
+      PARTITA_MPI_CHECK(MPI_Isend(table + me * n, count, MPI_UINT8_T, r, tag, dpc, &q));
+      requests.push_back(q);
+    }
+    return table;
+  }
+  static bool defined_anywhere(const uint8_t* table, int dp, size_t n, size_t i) {
+    for (int r = 0; r < dp; ++r)
+      if (table[r * n + i]) return true;
+    return false;
+  }
+
+  // all_reduce_gradients at two replicas: each sends its gradients one
+  // message per parameter, in the parameters' order (the same on both, as
+  // is each message's count), and receives the other's into one flat
+  // buffer; the mean is then made one parameter at a time (while it is in
+  // cache). A gradient that is defined, contiguous, plain and of the
+  // parameter's dtype (the common case) is sent as it is and averaged in
+  // place: two passes over it where packing, summing, dividing and
+  // unpacking a flat buffer take four. Others are sent from a copy in the
+  // parameter's dtype (zeros where undefined) as the general path packs
+  // them. The values are the general path's: a + b is b + a in IEEE
+  // arithmetic, then the division by 2.
+  void average_two_replicas(at::ScalarType type, const std::vector<at::Tensor>& params, int64_t total,
+                            GradBuffer& g) {
+    const int other = 1 - dp_rank();
+    if (static_cast<int>(g.got.size()) != 2) g.got.assign(2, at::Tensor());
+    if (!g.got[other].defined() || g.got[other].numel() != total)
+      g.got[other] = at::empty({total}, params[0].options());
+    const at::Tensor got = g.got[other];
+    // What each parameter sends: its gradient itself, or a copy.
+    std::vector<at::Tensor> sent;
+    sent.reserve(params.size());
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& p : params) {
+        const at::Tensor& gr = p.grad();
+        if (gr.defined() && gr.is_contiguous() && gr.scalar_type() == type && !gr.is_conj() && !gr.is_neg() &&
+            gr.sizes() == p.sizes())
+          sent.push_back(gr);
+        else if (gr.defined())
+          sent.push_back(at::empty(p.sizes(), p.options()).copy_(gr));
+        else
+          sent.push_back(at::zeros(p.sizes(), p.options()));
+      }
+    }
+    const MPI_Comm dpc = communicator(DP_GROUP);
+    const int tag = tag_of(kGrads);
+    const MPI_Datatype dt = grad_datatype(type);
+    const std::string what = where(0) + ": the dp average of the gradients";
+    std::vector<MPI_Request> requests;
+    requests.reserve(2 * params.size() + 2);
+    const uint8_t* defined = post_defined(params, g, dpc, tag, what, requests);
+    int64_t at_ = 0;
+    for (const auto& p : params) {
+      // (Every replica holds the same parameters: all raise alike.)
+      const int count = mpi_units(p.numel(), "elements", what);
+      MPI_Request q;
+      PARTITA_MPI_CHECK(
+          MPI_Irecv(static_cast<char*>(got.data_ptr()) + at_ * got.element_size(), count, dt, other, tag, dpc, &q));
+      requests.push_back(q);
+      at_ += p.numel();
+    }
+    for (const auto& t : sent) {
+      MPI_Request q;
+      PARTITA_MPI_CHECK(MPI_Isend(t.data_ptr(), static_cast<int>(t.numel()), dt, other, tag, dpc, &q));
+      requests.push_back(q);
+    }
+    stats.data_parallel_bytes += total * static_cast<int64_t>(got.element_size());
+    try {
+      wait_requests(requests, what);
+    } catch (...) {
+      // Abandoned with the step: MPI may still read what was sent and
+      // write the buffer, so both stay alive; the next step allocates anew.
+      InFlight& f = g_step->inflight;
+      f.requests.insert(f.requests.end(), requests.begin(), requests.end());
+      f.tensors.push_back(got);
+      f.tensors.insert(f.tensors.end(), sent.begin(), sent.end());
+      f.tensors.push_back(g.defined);
+      grad_buffers.erase(type);
+      throw;
+    }
+    at::NoGradGuard no_grad;
+    at_ = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor& gr = params[i].mutable_grad();
+      at::Tensor& mine = sent[i];
+      if (!defined_anywhere(defined, 2, params.size(), i)) {  // unused on both: left undefined
+        at_ += params[i].numel();
+        continue;
+      }
+      mine.add_(got.narrow(0, at_, params[i].numel()).view(params[i].sizes())).div_(2.0);
+      at_ += params[i].numel();
+      if (!gr.defined()) gr = mine;
+      else if (!gr.is_same(mine)) gr.copy_(mine);
+    }
+  }
+
   void all_reduce_gradients() {
     const int dp = dp_size();
     if (dp == 1) return;
@@ -899,6 +1018,10 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       GradBuffer& g = grad_buffers[type];
       int64_t total = 0;
       for (auto& p : params) total += p.numel();
+      if (dp == 2) {
+        average_two_replicas(type, params, total, g);
+        continue;
+      }
       if (!g.flat.defined() || g.flat.numel() != total) g = GradBuffer{at::empty({total}, params[0].options()), {}, {}};
       {
         at::NoGradGuard no_grad;
@@ -921,6 +1044,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       const int count = mpi_units(buf.numel(), "elements", where(0) + ": the dp average of the gradients");
       if (static_cast<int>(g.got.size()) != dp) g.got.assign(dp, at::Tensor());
       std::vector<MPI_Request> requests;
+      const uint8_t* defined =
+          post_defined(params, g, dpc, tag, where(0) + ": the dp average of the gradients", requests);
       for (int r = 0; r < dp; ++r) {
         if (r == me) continue;
         if (!g.got[r].defined()) g.got[r] = at::empty_like(buf);
@@ -946,29 +1071,25 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         f.tensors.push_back(buf);
         for (auto& t : g.got)
           if (t.defined()) f.tensors.push_back(t);
+        f.tensors.push_back(g.defined);
         grad_buffers.erase(type);
         throw;
       }
       // The sum in dp-rank order, then the mean, copied into the gradients.
       at::NoGradGuard no_grad;
       const auto part = [&](int r) -> const at::Tensor& { return r == me ? buf : g.got[r]; };
-      if (dp == 2) {
-        // a + b is b + a in IEEE arithmetic: the sum in place is the
-        // sum in rank order.
-        buf.add_(g.got[1 - me]);
-      } else {
-        if (!g.sum.defined()) g.sum = at::empty_like(buf);
-        at::add_out(g.sum, part(0), part(1));
-        for (int r = 2; r < dp; ++r) g.sum.add_(part(r));
-        buf.copy_(g.sum);
-      }
+      if (!g.sum.defined()) g.sum = at::empty_like(buf);
+      at::add_out(g.sum, part(0), part(1));
+      for (int r = 2; r < dp; ++r) g.sum.add_(part(r));
+      buf.copy_(g.sum);
       buf.div_(static_cast<double>(dp));
       int64_t at_ = 0;
-      for (auto& p : params) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& p = params[i];
         const at::Tensor mean = buf.narrow(0, at_, p.numel()).view(p.sizes());
         at_ += p.numel();
         if (p.grad().defined()) p.mutable_grad().copy_(mean);
-        else p.mutable_grad() = mean.clone();
+        else if (defined_anywhere(defined, dp, params.size(), i)) p.mutable_grad() = mean.clone();
       }
     }
   }
