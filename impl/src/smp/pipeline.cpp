@@ -320,7 +320,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     at::Tensor flat;
     std::vector<at::Tensor> got;
     at::Tensor sum;
-    at::Tensor defined;  // average_two_replicas: this replica's flags, then the other's (uint8)
+    at::Tensor defined;  // post_defined's table (uint8): row r, which of replica r's gradients are defined
   };
   std::map<at::ScalarType, GradBuffer> grad_buffers;
   Clock::time_point step_start;
