@@ -535,8 +535,9 @@ struct WithSpareImpl : torch::nn::Module {
 TORCH_MODULE(WithSpare);
 
 // The dp average leaves a gradient undefined where every replica's is (a
-// parameter the step did not use), as one process does; Adam then leaves
-// the parameter and its state alone on every replica as there.
+// parameter the step did not use), as one process does: every gradient's
+// definedness and value, and every parameter after two Adam steps, equal
+// one process's.
 TEST(Pipeline, UnusedParameterKeepsNoGradientOnEveryReplica) {
   torch::set_num_threads(1);
   static const bool registered = [] {
