@@ -7,6 +7,16 @@
 #   2 ranks dp 2, tp 2, pp 2 (1F1B)     (1 LibTorch thread each; dp 2 with
 #                                        the Linear layers replicated, and
 #                                        stored on replica 0 as seed 002's)
+#   2 ranks dp 2, half the microbatches  (dp2_same_mbs: each replica's
+#                                        microbatch as large as one
+#                                        process's, as Megatron-LM counts
+#                                        microbatches: B / (mbs x dp))
+#   two one-thread processes at once     (two_halves: each trains half the
+#                                        batch on its own, no MPI; the
+#                                        slower one's median step, the
+#                                        ceiling the host allows dp 2 in
+#                                        that round; its losses differ and
+#                                        are not compared)
 # and prints each run's median step, its speedup over the baseline and the
 # CPU model. Every run must print the same losses (the same model and data):
 # the script fails otherwise.
@@ -31,22 +41,37 @@ while [ $# -gt 0 ]; do
   esac
   shift 2
 done
+if [ $((microbatches % 2)) -ne 0 ]; then
+  echo "gpt_scaling.sh: --microbatches must be even (dp2_same_mbs runs half as many)" >&2
+  exit 2
+fi
 mpiexec=${PARTITA_MPIEXEC:-mpiexec.mpich}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+mkdir "$work/halves"
 
-config() {  # partitions tp
+config() {  # partitions tp [microbatches]
   printf '{"partitions": %d, "tensor_parallel_degree": %d, "microbatches": %d, "pipeline": "interleaved"}' \
-    "$1" "$2" "$microbatches"
+    "$1" "$2" "${3:-$microbatches}"
 }
-names=(one_thread two_threads dp2 dp2_stored tp2 pp2)
+names=(one_thread two_threads two_halves dp2 dp2_same_mbs dp2_stored tp2 pp2)
 run() {  # name -> the run's output in $work/name.R
   local name=$1 round=$2 out="$work/$1.$2"
   local common=(--hidden "$hidden" --batch "$batch" --steps "$steps" --layers "$layers")
   case "$name" in
     one_thread) PARTITA_SMP_CONFIG=$(config 1 1) timeout 900 "$exe" "${common[@]}" --threads 1 >"$out" ;;
+    two_halves)
+      local half=(--hidden "$hidden" --batch $((batch / 2)) --steps "$steps" --layers "$layers" --threads 1)
+      PARTITA_SMP_CONFIG=$(config 1 1) timeout 900 "$exe" "${half[@]}" >"$work/halves/a.$round" &
+      local a=$!
+      PARTITA_SMP_CONFIG=$(config 1 1) timeout 900 "$exe" "${half[@]}" >"$work/halves/b.$round"
+      wait "$a"
+      sed -n 's/.*median step \([0-9.]*\) s.*/\1/p' "$work/halves/a.$round" "$work/halves/b.$round" |
+        sort -g | tail -1 | sed 's/.*/median step & s/' >"$work/halves/two_halves.$round" ;;
     two_threads) PARTITA_SMP_CONFIG=$(config 1 1) timeout 900 "$exe" "${common[@]}" --threads 2 >"$out" ;;
     dp2) PARTITA_SMP_CONFIG=$(config 1 1) timeout 900 "$mpiexec" -n 2 "$exe" "${common[@]}" --threads 1 >"$out" ;;
+    dp2_same_mbs) PARTITA_SMP_CONFIG=$(config 1 1 $((microbatches / 2))) timeout 900 "$mpiexec" -n 2 "$exe" "${common[@]}" \
+      --threads 1 >"$out" ;;
     dp2_stored) PARTITA_SMP_CONFIG=$(config 1 1) timeout 900 "$mpiexec" -n 2 "$exe" "${common[@]}" --threads 1 \
       --data-parallel stored >"$out" ;;
     tp2) PARTITA_SMP_CONFIG=$(config 1 2) timeout 900 "$mpiexec" -n 2 "$exe" "${common[@]}" --threads 1 >"$out" ;;
@@ -70,8 +95,10 @@ for f in "$work"/*.*; do
 done
 
 median_of() {  # name -> the median over rounds of the run's median step
+  local at=$work
+  [ "$1" = two_halves ] && at=$work/halves
   for ((r = 0; r < rounds; ++r)); do
-    sed -n 's/.*median step \([0-9.]*\) s.*/\1/p' "$work/$1.$r"
+    sed -n 's/.*median step \([0-9.]*\) s.*/\1/p' "$at/$1.$r"
   done | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'
 }
 base=$(median_of one_thread)
