@@ -585,6 +585,81 @@ TEST(Pipeline, UnusedParameterKeepsNoGradientOnEveryReplica) {
   }
 }
 
+// A parameter only the rows with a first feature above 2 use: a replica
+// whose rows have none leaves its gradient undefined.
+struct RowSpareImpl : torch::nn::Module {
+  explicit RowSpareImpl(int64_t w) {
+    scale = register_parameter("scale", torch::linspace(0.5, 1.5, w));
+    spare = register_parameter("spare", torch::linspace(-1.0, 1.0, w));
+  }
+  at::Tensor forward(at::Tensor x) {
+    const at::Tensor rows = x.select(1, 0).gt(2.0);
+    at::Tensor y = x * scale;
+    if (rows.any().item<bool>()) y = y + rows.unsqueeze(1).to(x.scalar_type()) * spare;
+    return y;
+  }
+  at::Tensor scale, spare;
+};
+TORCH_MODULE(RowSpare);
+
+// Where only some replicas used a parameter, the others count as zero in
+// the average (docs/3d.md): only the last replica's rows reach `spare`,
+// and its gradient on every replica, and the parameter after two Adam
+// steps, equal one process's.
+TEST(Pipeline, ParameterUsedOnOneReplicaAveragesWithZeros) {
+  torch::set_num_threads(1);
+  static const bool registered = [] {
+    smp::register_layer<RowSpareImpl>();
+    return true;
+  }();
+  (void)registered;
+  for (int p : partition_counts()) {
+    init(p, "simple");
+    const std::string context = std::to_string(p) + " stages, " + std::to_string(smp::dp_size()) + " replicas";
+    auto make = [p] {  // at least one layer per stage
+      torch::manual_seed(6);
+      torch::nn::Sequential net(RowSpare(6), torch::nn::Linear(6, 6));
+      for (int i = 3; i < p; ++i) net->push_back(torch::nn::Linear(6, 6));
+      net->push_back(torch::nn::Linear(6, 4));
+      net->to(torch::kDouble);
+      return net;
+    };
+    torch::nn::Sequential net = make(), ref = make();
+    smp::DistributedModel model(net);
+    torch::optim::Adam opt(model.parameters(), 0.01), ref_opt(ref->parameters(), 0.01);
+    auto train = testing::mse_step(model, 2);
+    for (int step = 0; step < 2; ++step) {
+      torch::manual_seed(300 + step);
+      at::Tensor x = torch::randn({8, 6}, torch::kDouble).clamp(-1.0, 1.0);
+      x[7][0] = 3.0;  // the last row only
+      const at::Tensor y = torch::randn({8, 4}, torch::kDouble);
+      // Each replica trains its own rows (smp's data parallelism): the last
+      // replica holds row 7; one process trains all 8.
+      const int64_t rows = 8 / smp::dp_size(), first = smp::dp_rank() * rows;
+      train(x.narrow(0, first, rows), y.narrow(0, first, rows));
+      torch::mse_loss(ref->forward(x), y).backward();
+      const auto ref_params = ref->named_parameters();
+      const at::Tensor* ref_spare = ref_params.find("0.spare");
+      ASSERT_TRUE(ref_spare && ref_spare->grad().defined()) << "one process uses 0.spare";
+      for (const auto& [name, param] : model.named_parameters()) {
+        const at::Tensor* r = ref_params.find(name);
+        ASSERT_NE(r, nullptr) << name;
+        ASSERT_EQ(param.grad().defined(), r->grad().defined())
+            << context << ", step " << step << ", rank " << smp::rank() << ": " << name;
+        EXPECT_LE((param.grad() - r->grad()).abs().max().item<double>(), 1e-10)
+            << context << ", step " << step << ", rank " << smp::rank() << ": " << name;
+      }
+      opt.step();
+      opt.zero_grad();
+      ref_opt.step();
+      ref_opt.zero_grad();
+    }
+    const auto ref_params = ref->named_parameters();
+    for (const auto& [name, param] : model.named_parameters())
+      EXPECT_LE((param - *ref_params.find(name)).abs().max().item<double>(), 1e-10) << context << ": " << name;
+  }
+}
+
 // A child the pipeline cannot call (a type nobody registered), or
 // parameters of the module's own: UsageError on every rank.
 struct UnknownLayerImpl : torch::nn::Module {
