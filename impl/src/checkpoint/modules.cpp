@@ -96,10 +96,23 @@ void set_field(State& s, const std::string& f, const at::Tensor& t) {
   }
 }
 
+// Whether `param`'s group in an Adam or AdamW keeps a maximum of the second
+// moments (amsgrad).
+template <typename Options>
+bool amsgrad_of(torch::optim::Optimizer& opt, const at::Tensor& param) {
+  for (auto& group : opt.param_groups())
+    for (const auto& q : group.params())
+      if (q.unsafeGetTensorImpl() == param.unsafeGetTensorImpl())
+        return static_cast<const Options&>(group.options()).amsgrad();
+  return false;
+}
+
 template <typename State>
 void state_shards(torch::optim::Optimizer& opt, const std::vector<Shard>& params, const std::set<std::string>* in_file,
                   OptimizerShards& out, const std::vector<std::string>& fields) {
   constexpr bool kHasStep = !std::is_same_v<State, torch::optim::SGDParamState>;
+  constexpr bool kAdam = std::is_same_v<State, torch::optim::AdamParamState>;
+  constexpr bool kAdamW = std::is_same_v<State, torch::optim::AdamWParamState>;
   auto& states = opt.state();
   for (const Shard& p : params) {
     if (!p.local.defined() || p.local.numel() == 0) continue;
@@ -130,12 +143,21 @@ void state_shards(torch::optim::Optimizer& opt, const std::vector<Shard>& params
       }
     const at::Tensor step = at::zeros({}, at::kLong);
     if constexpr (kHasStep) out.shards.push_back(whole(prefix + "step", step));
-    out.finish.push_back([&states, key, staged, step] {
+    // An amsgrad group loading a checkpoint saved without amsgrad starts
+    // its maximum afresh (zeros, as LibTorch's first step makes it), not
+    // from whatever this optimizer held: LibTorch's step needs the tensor.
+    bool fresh_max = false;
+    if constexpr (kAdam) fresh_max = amsgrad_of<torch::optim::AdamOptions>(opt, p.local);
+    if constexpr (kAdamW) fresh_max = amsgrad_of<torch::optim::AdamWOptions>(opt, p.local);
+    fresh_max = fresh_max && !in_file->count(prefix + "max_exp_avg_sq");
+    out.finish.push_back([&states, key, staged, step, fresh_max] {
       auto it = states.find(key);
       if (it == states.end()) it = states.emplace(key, std::make_unique<State>()).first;
       auto& s = static_cast<State&>(*it->second);
       for (const auto& [f, t] : staged) set_field(s, f, t);
       if constexpr (kHasStep) s.step(step.item<int64_t>());
+      if constexpr (kAdam || kAdamW)
+        if (fresh_max && s.exp_avg_sq().defined()) s.max_exp_avg_sq(at::zeros_like(s.exp_avg_sq()));
     });
   }
 }
