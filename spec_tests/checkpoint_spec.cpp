@@ -254,6 +254,73 @@ TEST(Checkpoint, ModuleWithoutOptimizerStateHasNoneAfterLoad) {
   EXPECT_TRUE(adam.state().empty());
 }
 
+// Pieces that are not contiguous (a transposed view) save and load like
+// any other: the saved file holds the global tensor, and a load writes
+// through the view into the caller's storage.
+TEST(Checkpoint, NonContiguousPiecesSaveAndLoad) {
+  TempDir tmp;
+  const Shape global{2 * mpi::world_size() + 1, 3};  // uneven rows
+  const mpi::Partition P = cartesian({mpi::world_size(), 1});
+  const at::Tensor want = partita::distribute(known(global, at::kDouble, 2), P);
+  const at::Tensor strided = want.t().contiguous().t();  // the same values, column-major
+  ASSERT_FALSE(strided.is_contiguous());  // at least 2 rows on every rank
+  checkpoint::save(tmp / "strided", {checkpoint::block("w", strided, global, P)});
+  at::Tensor storage = at::full({want.size(1), want.size(0)}, 99.0, at::kDouble);
+  at::Tensor into = storage.t();  // a view: the load must write through it
+  checkpoint::load(tmp / "strided", {checkpoint::block("w", into, global, P)});
+  EXPECT_TRUE(at::equal(into, want)) << "rank " << mpi::world_rank() << " loaded " << into << " for " << want;
+  EXPECT_TRUE(at::equal(storage.t(), want)) << "rank " << mpi::world_rank() << ": the caller's storage was not written";
+  // The file, read into one contiguous global tensor on every rank.
+  at::Tensor whole = at::zeros(global, at::kDouble);
+  checkpoint::load(tmp / "strided", {checkpoint::whole("w", whole)});
+  EXPECT_TRUE(at::equal(whole, known(global, at::kDouble, 2)));
+}
+
+// A checkpoint with optimizer state loads into a model alone: the
+// parameters come back and the optimizer's entries are not asked for.
+TEST(Checkpoint, ModuleLoadsWithoutTheOptimizerSaved) {
+  TempDir tmp;
+  torch::manual_seed(1);
+  auto net = std::make_shared<Net>();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.1));
+  train(*net, adam, 2);
+  checkpoint::save(tmp / "with_adam", net, &adam);
+  torch::manual_seed(2);
+  auto fresh = std::make_shared<Net>();
+  EXPECT_NO_THROW(checkpoint::load(tmp / "with_adam", fresh));
+  const auto want = net->named_parameters(), got = fresh->named_parameters();
+  for (const auto& item : want)
+    EXPECT_TRUE(at::equal(item.value(), got[item.key()])) << item.key();
+}
+
+// Adam's state saved without amsgrad, loaded into an Adam with amsgrad:
+// the maximum of the second moments starts afresh at zero, in a fresh
+// optimizer and in one that had its own, and the next steps run.
+TEST(Checkpoint, AmsgradLoadsAStateSavedWithoutIt) {
+  TempDir tmp;
+  torch::manual_seed(1);
+  auto net = std::make_shared<Net>();
+  torch::optim::Adam plain(net->parameters(), torch::optim::AdamOptions(0.1));
+  train(*net, plain, 2);
+  checkpoint::save(tmp / "plain", net, &plain);
+  for (const bool had_state : {false, true}) {
+    torch::manual_seed(2);
+    auto other = std::make_shared<Net>();
+    torch::optim::Adam ams(other->parameters(), torch::optim::AdamOptions(0.1).amsgrad(true));
+    if (had_state) train(*other, ams, 3);
+    checkpoint::load(tmp / "plain", other, &ams);
+    for (const auto& p : other->parameters()) {
+      const auto it = ams.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      ASSERT_NE(it, ams.state().end()) << "had state " << had_state;
+      const auto& s = static_cast<const torch::optim::AdamParamState&>(*it->second);
+      ASSERT_TRUE(s.max_exp_avg_sq().defined()) << "had state " << had_state;
+      EXPECT_TRUE(at::equal(s.max_exp_avg_sq(), at::zeros_like(p))) << "had state " << had_state;
+      EXPECT_EQ(s.step(), 2) << "had state " << had_state;
+    }
+    EXPECT_NO_THROW(train(*other, ams, 2)) << "had state " << had_state;
+  }
+}
+
 // ---- Bad input ---------------------------------------------------------------
 
 std::vector<Shard> two_tensors(at::ScalarType dtype = at::kDouble, int64_t rows = 6) {
@@ -350,6 +417,22 @@ TEST(CheckpointErrors, EveryRankRaisesTheSameError) {
   const std::string garbage = copy("garbage");
   edit(garbage + "/model.safetensors", [](std::string& b) { b[9] = '#'; });
   EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(garbage, two_tensors()); }), "not valid JSON");
+  const std::string no_manifest = copy("no_manifest");
+  if (mpi::world_rank() == 0) fs::remove(no_manifest + "/manifest.json");
+  barrier();
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(no_manifest, two_tensors()); }), "no manifest.json");
+  const std::string no_data = copy("no_data");
+  if (mpi::world_rank() == 0) fs::remove(no_data + "/model.safetensors");
+  barrier();
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(no_data, two_tensors()); }), "no model.safetensors");
+  // A save whose ranks disagree on a tensor's dtype: refused, nothing written.
+  if (mpi::world_size() > 1) {
+    EXPECT_CONTAINS(raised<CheckpointError>([&] {
+                      checkpoint::save(tmp / "dtypes", {checkpoint::whole("b", known({3}, mpi::world_rank() == 1 ? at::kFloat : at::kDouble, 1))});
+                    }),
+                    "\"b\" is F64 3 on one rank and F32 3 on rank 1");
+    EXPECT_FALSE(fs::exists(tmp / "dtypes"));
+  }
 
   // Nothing was half-loaded by any refusal: the tensors passed keep the
   // values they had (not the checkpoint's).
