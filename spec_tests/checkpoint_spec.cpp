@@ -522,8 +522,11 @@ TEST(CheckpointErrors, ASaveLeavesAnotherSavesDirectoryAlone) {
   TempDir tmp;
   const std::string dir = tmp / "step-1";
   const std::string live = temporary_of(dir, static_cast<long>(getppid())), plain = dir + ".partial";
+  // Another host's, of a process id no process here has (above Linux's
+  // largest): this host cannot tell whether it is alive.
+  const std::string elsewhere = dir + ".partial-another-host-4194305";
   if (mpi::world_rank() == 0) {
-    for (const std::string& d : {live, plain}) {
+    for (const std::string& d : {live, plain, elsewhere}) {
       fs::create_directories(d);
       std::ofstream(d + "/model.safetensors") << "another job's";
     }
@@ -531,13 +534,13 @@ TEST(CheckpointErrors, ASaveLeavesAnotherSavesDirectoryAlone) {
   barrier();
   checkpoint::save(dir, two_tensors());
   barrier();
-  for (const std::string& d : {live, plain}) {
+  for (const std::string& d : {live, plain, elsewhere}) {
     std::ifstream in(d + "/model.safetensors");
     std::string text;
     std::getline(in, text);
     EXPECT_EQ(text, "another job's") << d << " was touched by a save of " << dir;
   }
-  EXPECT_EQ(temporaries_of(dir).size(), 2u);
+  EXPECT_EQ(temporaries_of(dir).size(), 3u);
 }
 
 // The other save of the same name finishes first: this one's rename finds
