@@ -537,7 +537,8 @@ TORCH_MODULE(WithSpare);
 
 // Two Adam steps of `first` followed by Linear layers (at least one layer
 // per stage) under every partition count, against one process on the same
-// 8 rows per step, each replica training its own rows (smp's data
+// 16 rows per step (2 microbatches on each of up to 8 replicas), each
+// replica training its own rows (smp's data
 // parallelism): every gradient's definedness and value after each step,
 // and every parameter after the last, equal one process's. `x` gives a
 // step's rows; `before` checks the one-process model after its backward.
@@ -562,8 +563,8 @@ void expect_adam_equals_one_process(uint64_t seed, const std::function<at::Tenso
     auto train = testing::mse_step(model, 2);
     for (int step = 0; step < 2; ++step) {
       torch::manual_seed(seed * 100 + step);
-      const at::Tensor xs = x(step), y = torch::randn({8, 4}, torch::kDouble);
-      const int64_t rows = 8 / smp::dp_size(), first = smp::dp_rank() * rows;
+      const at::Tensor xs = x(step), y = torch::randn({16, 4}, torch::kDouble);
+      const int64_t rows = 16 / smp::dp_size(), first = smp::dp_rank() * rows;
       train(xs.narrow(0, first, rows), y.narrow(0, first, rows));
       torch::mse_loss(ref->forward(xs), y).backward();
       if (before) before(ref);
@@ -597,7 +598,7 @@ TEST(Pipeline, UnusedParameterKeepsNoGradientOnEveryReplica) {
     return true;
   }();
   (void)registered;
-  expect_adam_equals_one_process<WithSpare>(5, [](int) { return torch::randn({8, 6}, torch::kDouble); });
+  expect_adam_equals_one_process<WithSpare>(5, [](int) { return torch::randn({16, 6}, torch::kDouble); });
 }
 
 // A parameter only the rows with a first feature above 2 use: a replica
@@ -628,8 +629,8 @@ TEST(Pipeline, ParameterUsedOnOneReplicaAveragesWithZeros) {
   expect_adam_equals_one_process<RowSpare>(
       6,
       [](int) {
-        at::Tensor x = torch::randn({8, 6}, torch::kDouble).clamp(-1.0, 1.0);
-        x[7][0] = 3.0;  // the last row only, on the last replica
+        at::Tensor x = torch::randn({16, 6}, torch::kDouble).clamp(-1.0, 1.0);
+        x[15][0] = 3.0;  // the last row only, on the last replica
         return x;
       },
       [](torch::nn::Sequential& ref) {
