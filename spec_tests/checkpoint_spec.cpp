@@ -310,14 +310,17 @@ TEST(Checkpoint, AmsgradLoadsAStateSavedWithoutIt) {
     if (had_state) train(*other, ams, 3);
     checkpoint::load(tmp / "plain", other, &ams);
     for (const auto& p : other->parameters()) {
+      // (No ASSERT: every rank goes on to the next load, a collective.)
       const auto it = ams.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
-      ASSERT_NE(it, ams.state().end()) << "had state " << had_state;
+      EXPECT_NE(it, ams.state().end()) << "had state " << had_state;
+      if (it == ams.state().end()) continue;
       const auto& s = static_cast<const torch::optim::AdamParamState&>(*it->second);
-      ASSERT_TRUE(s.max_exp_avg_sq().defined()) << "had state " << had_state;
+      EXPECT_TRUE(s.max_exp_avg_sq().defined()) << "had state " << had_state;
+      if (!s.max_exp_avg_sq().defined()) continue;
       EXPECT_TRUE(at::equal(s.max_exp_avg_sq(), at::zeros_like(p))) << "had state " << had_state;
       EXPECT_EQ(s.step(), 2) << "had state " << had_state;
     }
-    EXPECT_NO_THROW(train(*other, ams, 2)) << "had state " << had_state;
+    if (!::testing::Test::HasFailure()) EXPECT_NO_THROW(train(*other, ams, 2)) << "had state " << had_state;
   }
 }
 
