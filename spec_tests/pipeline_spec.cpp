@@ -535,13 +535,13 @@ struct WithSpareImpl : torch::nn::Module {
 };
 TORCH_MODULE(WithSpare);
 
-// Two Adam steps of `first` followed by Linear layers (at least one layer
-// per stage) under every partition count, against one process on the same
-// 16 rows per step (2 microbatches on each of up to 8 replicas), each
-// replica training its own rows (smp's data
-// parallelism): every gradient's definedness and value after each step,
-// and every parameter after the last, equal one process's. `x` gives a
-// step's rows; `before` checks the one-process model after its backward.
+// Two Adam steps of a `First` layer followed by Linear layers (at least one
+// layer per stage) under every partition count, against one process on the
+// same 16 rows per step (2 microbatches on each of up to 8 replicas), each
+// replica training its own rows (smp's data parallelism): every gradient's
+// definedness and value after each step, and every parameter after the
+// last, equal one process's. `x` gives a step's rows; `before` checks the
+// one-process model after its backward.
 template <typename First>
 void expect_adam_equals_one_process(uint64_t seed, const std::function<at::Tensor(int)>& x,
                                     const std::function<void(torch::nn::Sequential&)>& before = {}) {
