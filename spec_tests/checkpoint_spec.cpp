@@ -276,15 +276,22 @@ TEST(Checkpoint, NonContiguousPiecesSaveAndLoad) {
   EXPECT_TRUE(at::equal(whole, known(global, at::kDouble, 2)));
 }
 
-// A checkpoint with optimizer state loads into a model alone: the
-// parameters come back and the optimizer's entries are not asked for.
-TEST(Checkpoint, ModuleLoadsWithoutTheOptimizerSaved) {
-  TempDir tmp;
+// A net trained 2 steps by Adam without amsgrad, saved with the Adam's
+// state in `dir`.
+std::shared_ptr<Net> saved_after_adam(const std::string& dir) {
   torch::manual_seed(1);
   auto net = std::make_shared<Net>();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.1));
   train(*net, adam, 2);
-  checkpoint::save(tmp / "with_adam", net, &adam);
+  checkpoint::save(dir, net, &adam);
+  return net;
+}
+
+// A checkpoint with optimizer state loads into a model alone: the
+// parameters come back and the optimizer's entries are not asked for.
+TEST(Checkpoint, ModuleLoadsWithoutTheOptimizerSaved) {
+  TempDir tmp;
+  const auto net = saved_after_adam(tmp / "with_adam");
   torch::manual_seed(2);
   auto fresh = std::make_shared<Net>();
   EXPECT_NO_THROW(checkpoint::load(tmp / "with_adam", fresh));
@@ -298,11 +305,7 @@ TEST(Checkpoint, ModuleLoadsWithoutTheOptimizerSaved) {
 // optimizer and in one that had its own, and the next steps run.
 TEST(Checkpoint, AmsgradLoadsAStateSavedWithoutIt) {
   TempDir tmp;
-  torch::manual_seed(1);
-  auto net = std::make_shared<Net>();
-  torch::optim::Adam plain(net->parameters(), torch::optim::AdamOptions(0.1));
-  train(*net, plain, 2);
-  checkpoint::save(tmp / "plain", net, &plain);
+  saved_after_adam(tmp / "plain");
   for (const bool had_state : {false, true}) {
     torch::manual_seed(2);
     auto other = std::make_shared<Net>();
