@@ -2,7 +2,8 @@
 # Checkpoints of examples/train_gpt (docs/checkpoints.md), run by ctest:
 #  1. 8 ranks (pp 2 x tp 2 x dp 2) save every 3 steps; resumed from step 3
 #     at tp 4 on 4 ranks and on one process, steps 3-5 give the 8-rank
-#     run's losses (float32 at another layout: within 1e-4 relative);
+#     run's losses (float32 at another layout: within 1e-4 relative); the
+#     one process saves step 6 under ./checkpoints, the default place;
 #  2. a rank killed at step 5 of a 4-rank run that saves every 2 steps: the
 #     job ends within 30 s, non-zero; relaunched, it resumes from step 4 and
 #     steps 4-5 give the uninterrupted run's losses, digit for digit;
@@ -49,8 +50,11 @@ PARTITA_SMP_CONFIG='{"partitions": 1, "tensor_parallel_degree": 4}' \
   run b.log "$mpiexec" -n 4 "$gpt" --steps 6 --resume a/step-3 || fail "tp 4 from step 3: $(tail -3 b.log)"
 grep -q "resumed from a/step-3 (saved at pp 2 x tp 2 x dp 2) at step 3" b.log || fail "b.log: $(head -3 b.log)"
 close a.log b.log 3
-run c.log "$gpt" --steps 6 --resume a/step-3 || fail "one process from step 3: $(tail -3 c.log)"
+run c.log "$gpt" --steps 6 --resume a/step-3 --checkpoint-every 3 || fail "one process from step 3: $(tail -3 c.log)"
 close a.log c.log 3
+# Without --checkpoint-dir, checkpoints go under ./checkpoints.
+[ -f checkpoints/step-6/manifest.json ] && [ "$(cat checkpoints/latest)" = step-6 ] && [ ! -e checkpoints/step-3 ] ||
+  fail "the one-process run did not save step-6 under ./checkpoints: $(ls -R checkpoints 2>&1 | tr '\n' ' ')"
 echo "check_resume: resumed at tp 4 on 4 ranks and on one process, the losses of the 8-rank run"
 
 # The uninterrupted 4-rank run (pp 2 x tp 2).

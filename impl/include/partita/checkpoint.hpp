@@ -15,7 +15,8 @@
 // Both are collective over the world (every rank calls, with its own
 // shards, possibly none) and raise the same CheckpointError on every rank
 // when anything is wrong; a save is atomic (the directory appears complete
-// or not at all) and a load checks everything before it writes a byte.
+// or not at all) and a load checks every name, shape, dtype and size before
+// it reads any data into the caller's tensors.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -77,9 +78,10 @@ struct Info {
 // The format version this build writes and the only one it reads.
 inline constexpr int kFormatVersion = 1;
 
-// Writes `dir`, which must not exist: first as `dir`.partial (a leftover
-// of a save that was killed is removed), then, after every rank's data is
-// on disk, renamed to `dir` in one step. Every name's pieces must agree on
+// Writes `dir`, which must not exist: first as `dir`.partial-HOST-PID (one
+// that a killed save of this host left is removed once its process is
+// gone), then, after every rank's data is on disk, renamed to `dir` in one
+// step that never replaces anything there. Every name's pieces must agree on
 // dtype and global shape, lie inside it, and cover it exactly (identical
 // blocks on several ranks are written once; blocks that overlap otherwise
 // are refused). Collective over the world.

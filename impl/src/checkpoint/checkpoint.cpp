@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <climits>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -121,6 +122,15 @@ std::vector<Piece> local_pieces(const std::vector<Shard>& shards) {
       if (p.global[d] < 0 || p.start[d] < 0 || p.start[d] + p.len[d] > p.global[d])
         throw CheckpointError(what + ": the piece " + shape_string(p.len) + " at " + shape_string(p.start) +
                               " is not inside the global shape " + shape_string(p.global));
+    // MPI-IO's subarray types count in int: refused here, before anything
+    // is written or read, with the tensor's name.
+    for (int64_t extent : p.global)
+      if (extent > INT_MAX)
+        throw CheckpointError(what + ": the global shape " + shape_string(p.global) +
+                              " has a dimension above MPI's count limit (INT_MAX = " + std::to_string(INT_MAX) + ")");
+    if (volume(p.len) > INT_MAX)
+      throw CheckpointError(what + ": the piece " + shape_string(p.len) + " holds " + std::to_string(volume(p.len)) +
+                            " elements, above MPI's count limit (INT_MAX = " + std::to_string(INT_MAX) + ")");
     out.push_back(p);
   }
   return out;
@@ -177,6 +187,15 @@ void fsync_path(const fs::path& p) {
   const int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0) throw CheckpointError("cannot flush " + p.string() + ": " + std::strerror(errno));
+}
+
+// rename(2) replaces an empty directory at `to`; RENAME_NOREPLACE refuses
+// anything there. A file system without it (EINVAL) gets rename(2), which
+// still refuses a directory that is not empty. 0 or the errno.
+int rename_no_replace(const fs::path& from, const fs::path& to) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS) return errno;
+  return ::rename(from.c_str(), to.c_str()) == 0 ? 0 : errno;
 }
 
 // A piece's place in the file and in memory, for the MPI-IO types.
@@ -369,7 +388,12 @@ Read read_checkpoint(const std::string& dir) {
     if (!m.contains("version") || !m["version"].is_number_integer() || m["version"].get<int64_t>() != kFormatVersion)
       throw CheckpointError(std::string(kManifest) + ": format version " + (m.contains("version") ? m["version"].dump() : "missing") +
                             "; this build reads version " + std::to_string(kFormatVersion) + " only");
-    r.header = safetensors::parse_header(fields.at(2), size, kDataFile);
+    try {
+      r.header = safetensors::parse_header(fields.at(2), size, kDataFile);
+    } catch (const std::exception& e) {  // the data file's, whatever raised it
+      const std::string what = e.what();
+      throw CheckpointError(what.rfind(std::string(kDataFile) + ":", 0) == 0 ? what : std::string(kDataFile) + ": " + what);
+    }
     // The manifest's tensors must be the file's.
     std::map<std::string, const safetensors::Entry*> in_file;
     for (const auto& e : r.header.tensors) in_file[e.name] = &e;
@@ -394,7 +418,10 @@ Read read_checkpoint(const std::string& dir) {
   } catch (const CheckpointError& e) {
     throw CheckpointError(dir + ": " + e.what());
   } catch (const std::exception& e) {
-    throw CheckpointError(dir + ": " + std::string(kManifest) + ": " + e.what());
+    // The manifest's: json::parse names it already; nlohmann's own errors
+    // (a field missing or of another type) do not.
+    const std::string what = e.what();
+    throw CheckpointError(dir + ": " + (what.rfind(std::string(kManifest) + ":", 0) == 0 ? what : std::string(kManifest) + ": " + what));
   }
   return r;
 }
@@ -593,14 +620,12 @@ void save(const std::string& dir_in, const std::vector<Shard>& shards, const Inf
         }
         fsync_path(partial / kManifest);
         fsync_path(partial);
-        // rename(2) refuses a directory that is not empty: a save of the
-        // same name by another job that finished first stays as it is.
-        std::error_code renamed;
-        fs::rename(partial, final_dir, renamed);
-        if (renamed)
-          throw CheckpointError(fs::exists(final_dir)
+        // Never over anything: a save of the same name by another job that
+        // finished first, or a directory made empty meanwhile, stays.
+        if (const int rc = rename_no_replace(partial, final_dir))
+          throw CheckpointError(rc == EEXIST || rc == ENOTEMPTY || fs::exists(final_dir)
                                     ? "already exists: another save of it finished first (a checkpoint is never overwritten)"
-                                    : "renaming " + partial.string() + ": " + renamed.message());
+                                    : "renaming " + partial.string() + ": " + std::strerror(rc));
         const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
         fsync_path(parent);
       } catch (const std::exception& e) {
