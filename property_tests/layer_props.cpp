@@ -28,6 +28,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "partita/errors.hpp"
 #include "partita/mpi/partition.hpp"
@@ -263,6 +267,152 @@ TEST(LayerProperty, TokensOutsideTheVocabularyRaiseOnEveryRank) {
   EXPECT_NE(e2.find("targets 8 lies outside the vocabulary [0, 8)"), std::string::npos) << e2;
   ids.zero_();
   EXPECT_EQ(embed->forward(ids).sizes(), (at::IntArrayRef{2, 2, 3}));
+}
+
+// The cross-entropy's edges (docs/transformer.md): logits shifted by 1000
+// give the same loss (the maximum comes out before exp); a negative target
+// raises on every rank; logits whose batch or tokens disagree with the
+// targets raise ShapeError on every rank before any collective of unequal
+// counts, also when the logits' shapes were seen before with other targets.
+TEST(LayerProperty, VocabParallelCrossEntropyRefusesWhatItCannotCompute) {
+  const int p = mpi::world_size(), r = mpi::world_rank();
+  const auto P = mpi::Partition::world().create_cartesian_topology_partition({1, p, 1});
+  nn::VocabParallelCrossEntropy loss(P, 8);
+  const int64_t rows = 8 / p + (r < 8 % p ? 1 : 0);
+  at::manual_seed(5 + r);
+  const at::Tensor logits = at::randn({2, 2 * p, rows}, at::kDouble);
+  const at::Tensor targets = (at::arange(4, at::kLong).reshape({2, 2}) + 3 * r) % 8;
+  const at::Tensor base = loss->forward(logits, targets);
+  const at::Tensor shifted = loss->forward(logits + 1000, targets);
+  EXPECT_TRUE(at::allclose(shifted, base, 1e-9, 1e-9)) << "rank " << r << ": " << shifted << " for " << base;
+  auto refused = [&](const at::Tensor& l, const at::Tensor& g) {
+    try {
+      loss->forward(l, g);
+    } catch (const ShapeError& e) {
+      return std::string(e.what());
+    }
+    return std::string("nothing raised on rank ") + std::to_string(r);
+  };
+  at::Tensor negative = targets.clone();
+  if (r == p - 1) negative[0][0] = -1;
+  EXPECT_NE(refused(logits, negative).find("targets -1 lies outside the vocabulary [0, 8)"), std::string::npos);
+  // The last rank's logits of batch 3 (at 1 rank: against targets of 2).
+  const at::Tensor three = at::zeros({3, 2 * p, rows}, at::kDouble);
+  const std::string batch = refused(r == p - 1 ? three : logits, targets);
+  EXPECT_NE(batch.find(p > 1 ? "the logits of world rank " + std::to_string(p - 1) + " are 3x" : std::string("the logits are [3, 2,")),
+            std::string::npos)
+      << batch;
+  // The same logits as the first call, other targets: batch 3, then 3 tokens.
+  const std::string more = refused(logits, at::zeros({3, 2}, at::kLong));
+  EXPECT_NE(more.find("the logits are [2, " + std::to_string(2 * p) + ", ...] on every worker of the team, the targets [3, " +
+                      std::to_string(2 * p) + "]"),
+            std::string::npos)
+      << more;
+  const std::string tokens = refused(logits, at::zeros({2, 3}, at::kLong));
+  EXPECT_NE(tokens.find("the targets [2, " + std::to_string(3 * p) + "]"), std::string::npos) << tokens;
+  EXPECT_TRUE(at::equal(loss->forward(logits, targets), base));  // and a good call works afterwards
+}
+
+// The transformer layers' refusals (docs/transformer.md): arguments they
+// cannot honour raise PartitionError at construction, and inputs of the
+// wrong shape ShapeError at the call, on every rank, also where only the
+// last rank's input is wrong.
+TEST(LayerProperty, TransformerLayersRefuseOnEveryRank) {
+  const int p = mpi::world_size(), r = mpi::world_rank();
+  const bool last = r == p - 1;
+  const auto tokens = mpi::Partition::world().create_cartesian_topology_partition({1, p, 1});
+  const auto features = mpi::Partition::world().create_cartesian_topology_partition({1, 1, p});
+  auto refused = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const PartitionError& e) {
+      return e.what();
+    } catch (const ShapeError& e) {
+      return e.what();
+    }
+    return "nothing raised";
+  };
+  auto expect = [&](const std::string& got, const std::string& part) {
+    EXPECT_NE(got.find(part), std::string::npos) << "rank " << r << ": '" << got << "' lacks '" << part << "'";
+  };
+  expect(refused([&] { nn::ParallelSelfAttention a(tokens, features, 6, 4); }), "hidden must be a positive multiple of heads");
+  if (p > 1) {
+    expect(refused([&] { nn::ParallelSelfAttention a(tokens, features, 2 * (p + 1), p + 1); }),
+           std::to_string(p + 1) + " heads do not divide over the " + std::to_string(p) + " tensor-parallel workers");
+    expect(refused([&] { nn::SequenceParallelLayerNorm n(features, 3); }),
+           "the normalised (last) dimension is split over " + std::to_string(p) + " workers");
+    expect(refused([&] { nn::VocabParallelEmbedding e(tokens, 1, 3); }),
+           "vocab 1 must be at least the " + std::to_string(p) + " workers it is split over");
+  }
+  expect(refused([&] { nn::SequenceParallelLayerNorm n(tokens, 3, nn::LayerNormOptions().grad_sum_axes({1, 3})); }),
+         "grad_sum_axes must be distinct axes of P_x");
+  expect(refused([&] { nn::SequenceParallelLayerNorm n(tokens, 3, nn::LayerNormOptions().grad_sum_axes({1, 1})); }),
+         "grad_sum_axes must be distinct axes of P_x");
+  for (const double drop : {1.0, -0.1})
+    expect(refused([&] { nn::SeededDropout d(tokens, nn::DropoutOptions().p(drop)); }), "p must be in [0, 1)");
+  expect(refused([&] { nn::SeededDropout d(tokens, nn::DropoutOptions().replicated_axes({3})); }),
+         "replicated axis 3 is no axis of P");
+  // At the call: the last rank's x is wrong.
+  nn::SequenceParallelLayerNorm norm(tokens, 3, nn::LayerNormOptions().dtype(at::kDouble));
+  expect(refused([&] { norm->forward(at::zeros({2, 2, last ? 4 : 3}, at::kDouble)); }),
+         "worker " + std::to_string(p - 1) + " of P_x holds x of shape 2x2x4; its last dimension must be the 3 normalised features");
+  nn::SeededDropout drop(tokens, nn::DropoutOptions().p(0.5));
+  expect(refused([&] { drop->forward(last ? at::zeros({2, 2}) : at::zeros({2, 2, 3})); }),
+         "world rank " + std::to_string(p - 1) + " holds x of shape 2x2; it must have 3 dimensions, as P has");
+  // And a good call works afterwards.
+  EXPECT_EQ(norm->forward(at::zeros({2, 2, 3}, at::kDouble)).sizes(), (at::IntArrayRef{2, 2, 3}));
+}
+
+// A parameter or input that wants a gradient on one rank only: every rank
+// attaches the layer's adjoint (its collective needs them all), so every
+// rank's backward runs, and rank 0's gradient is the one it gets when every
+// rank wants it. The embedding's table and the LayerNorm's parameters frozen
+// on every rank but 0; the cross-entropy's logits detached there.
+TEST(LayerProperty, AGradientWantedOnOneRankRunsEveryRanksBackward) {
+  const int p = mpi::world_size(), r = mpi::world_rank();
+  const auto P = mpi::Partition::world().create_cartesian_topology_partition({1, p, 1});
+  const at::Tensor ids = (at::arange(4, at::kLong).reshape({2, 2}) + 3 * r) % 8;
+  // The gradients of rank 0 with `frozen` on the other ranks.
+  auto embedding = [&](bool frozen) {
+    at::manual_seed(1);
+    nn::VocabParallelEmbedding embed(P, 8, 3, nn::EmbeddingOptions().dtype(at::kDouble));
+    if (frozen && r != 0) embed->weight.requires_grad_(false);
+    const at::Tensor y = embed->forward(ids);
+    EXPECT_TRUE(y.requires_grad()) << "embedding, rank " << r;
+    if (y.requires_grad()) y.pow(2).sum().backward();
+    return r == 0 ? embed->weight.grad() : at::Tensor();
+  };
+  auto layer_norm = [&](bool frozen) {
+    nn::SequenceParallelLayerNorm norm(P, 3, nn::LayerNormOptions().dtype(at::kDouble));
+    if (frozen && r != 0) {
+      norm->weight.requires_grad_(false);
+      norm->bias.requires_grad_(false);
+    }
+    const at::Tensor x = at::linspace(-1, 1, 12, at::kDouble).reshape({2, 2, 3}) * (r + 1);
+    const at::Tensor y = norm->forward(x);
+    EXPECT_TRUE(y.requires_grad()) << "layer norm, rank " << r;
+    if (y.requires_grad()) (y * at::arange(3, at::kDouble)).sum().backward();
+    return r == 0 ? at::cat({norm->weight.grad(), norm->bias.grad()}) : at::Tensor();
+  };
+  nn::VocabParallelCrossEntropy loss(P, 8);
+  auto cross_entropy = [&](bool frozen) {
+    at::manual_seed(2 + r);
+    at::Tensor logits = at::randn({2, 2 * p, 8 / p + (r < 8 % p ? 1 : 0)}, at::kDouble);
+    if (!frozen || r == 0) logits.requires_grad_();
+    const at::Tensor l = loss->forward(logits, ids);
+    EXPECT_TRUE(l.requires_grad()) << "cross-entropy, rank " << r;
+    if (l.requires_grad()) l.sum().backward();
+    return r == 0 ? logits.grad() : at::Tensor();
+  };
+  const std::vector<std::pair<std::string, std::function<at::Tensor(bool)>>> layers = {
+      {"embedding", embedding}, {"layer norm", layer_norm}, {"cross-entropy", cross_entropy}};
+  for (const auto& [name, run] : layers) {
+    const at::Tensor one = run(true), all = run(false);
+    if (r == 0) {
+      EXPECT_TRUE(one.defined() && all.defined() && at::allclose(one, all, 1e-12, 1e-12))
+          << name << ": rank 0's gradient " << one << " for " << all;
+    }
+  }
 }
 
 // Each Linear layer's shards: its W and b blocks where it stores them.

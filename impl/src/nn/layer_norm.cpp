@@ -22,14 +22,21 @@ struct GradSum {
   std::string name, adjoint_name;
   mpi::Partition P_x, team;
   int64_t features = 0;
-  struct Compiled {};
+  struct Compiled {
+    bool attach = false;  // some worker's weight or bias wants a gradient
+  };
   PlanCache<Compiled> plans;
 
-  // Every worker sees every worker's header, so every one raises alike.
-  void check(const at::Tensor& x) const {
+  // Every worker sees every worker's header, so every one raises alike and
+  // every one attaches the gradient sum, or none does (its all-reduce needs
+  // the whole team). `grad`: this worker's parameters want a gradient.
+  bool check(const at::Tensor& x, bool grad) const {
     std::vector<Header> headers;
-    if (plans.lookup(P_x, make_header(x), name, headers)) return;
+    Header mine = make_header(x);
+    mine.requires_grad = grad ? 1 : 0;  // (x's own history is at::layer_norm's)
+    if (auto hit = plans.lookup(P_x, mine, name, headers)) return hit->attach;
     check_inputs(name, P_x, P_x, headers);
+    auto c = std::make_shared<Compiled>();
     for (size_t r = 0; r < headers.size(); ++r) {
       const Shape s = headers[r].shape();
       if (s.empty() || s.back() != features)
@@ -37,15 +44,18 @@ struct GradSum {
                              "; its last dimension must be the " + std::to_string(features) +
                              " normalised features",
                          rule_code::kTilingDims);
+      c->attach = c->attach || headers[r].requires_grad != 0;
     }
-    plans.insert(headers, std::make_shared<Compiled>());
+    plans.insert(headers, c);
+    return c->attach;
   }
 
-  // The parameter as the forward uses it: the same values; its adjoint sums
-  // the gradient over the team (every worker then holds the whole).
-  at::Tensor summed(const at::Tensor& p) const {
-    if (team.size() <= 1 || !p.requires_grad() || !at::GradMode::is_enabled()) return p;
-    return with_adjoint(p.detach().clone(), p, true, adjoint_name,
+  // The parameters as the forward uses them: the same values; the adjoint
+  // sums their gradients over the team in one all-reduce (every worker then
+  // holds the whole). `both`: the weight and the bias, concatenated (a
+  // frozen one's part of the sum is dropped by autograd).
+  at::Tensor summed(const at::Tensor& both) const {
+    return with_adjoint(both.detach().clone(), both, true, adjoint_name,
                         [t = team, what = adjoint_name](const at::Tensor& g) {
                           count_model_parallel((t.size() - 1) * g.numel() * static_cast<int64_t>(g.element_size()));
                           return allreduce_team(t, g, what);
@@ -91,11 +101,17 @@ const mpi::Partition& SequenceParallelLayerNormImpl::grad_sum_team() const { ret
 
 torch::Tensor SequenceParallelLayerNormImpl::forward(const torch::Tensor& x) {
   if (!P_x_.active()) return x.clone();
-  sum_->check(x);
+  const bool grad = options_.elementwise_affine() && at::GradMode::is_enabled() &&
+                    (weight.requires_grad() || bias.requires_grad());
+  const bool attach = sum_->check(x, grad);
   at::Tensor w, b;
-  if (options_.elementwise_affine()) {
-    w = sum_->summed(weight);
-    b = sum_->summed(bias);
+  if (options_.elementwise_affine() && attach && sum_->team.size() > 1) {
+    const at::Tensor both = sum_->summed(at::cat({weight, bias}));
+    w = both.narrow(0, 0, features_);
+    b = both.narrow(0, features_, features_);
+  } else if (options_.elementwise_affine()) {
+    w = weight;
+    b = bias;
   }
   return at::layer_norm(x, {features_}, w, b, options_.eps());
 }

@@ -29,6 +29,12 @@ struct VocabTeam {
   int64_t vocab = 0, start = 0, rows = 0;
   struct Compiled {
     std::vector<int64_t> lengths;  // every member's tokens
+    // Whether any member's input wants a gradient (the embedding's table,
+    // the cross-entropy's logits): then every member attaches the adjoint,
+    // whose collective needs them all.
+    bool attach = false;
+    // The logits' plan: their [batch, tokens], every member's the same.
+    int64_t batch = 0, tokens = 0;
   };
   PlanCache<Compiled> token_plans, logit_plans;
 
@@ -59,9 +65,13 @@ struct VocabTeam {
 
   // Every member's token count for a token-split int64 [batch, tokens_s]
   // input, agreed: every worker sees every header and raises alike.
-  std::shared_ptr<const Compiled> tokens(const at::Tensor& x, const char* what) const {
+  // `grad`: this worker's table will want a gradient; the plan's `attach`
+  // says whether any member's will (the ids never require grad themselves).
+  std::shared_ptr<const Compiled> tokens(const at::Tensor& x, const char* what, bool grad = false) const {
     std::vector<Header> headers;
-    if (auto hit = token_plans.lookup(P, make_header(x), name, headers)) return hit;
+    Header mine = make_header(x);
+    mine.requires_grad = grad ? 1 : 0;
+    if (auto hit = token_plans.lookup(P, mine, name, headers)) return hit;
     check_inputs(name, P, P, headers);
     auto c = std::make_shared<Compiled>();
     for (const int w : members) {
@@ -78,6 +88,7 @@ struct VocabTeam {
                              std::to_string(h.dims[0]),
                          rule_code::kTeamShapes);
       c->lengths.push_back(h.dims[1]);
+      c->attach = c->attach || h.requires_grad != 0;
     }
     token_plans.insert(headers, c);
     return c;
@@ -115,21 +126,20 @@ torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& ids) {
   using namespace mpi::detail;
   if (!P_.active()) return ids.clone();
   const auto& t = *team_;
-  const auto plan = t.tokens(ids, "ids");
+  const auto plan = t.tokens(ids, "ids", weight.requires_grad() && at::GradMode::is_enabled());
   const at::Tensor all = t.gather_tokens(ids, *plan, "ids");
   // Ids outside this worker's rows look up an appended zero row.
   const at::Tensor mine = (all >= start_) & (all < start_ + t.rows);
   const at::Tensor local = at::where(mine, all - start_, at::full_like(all, t.rows));
   const at::Tensor table = at::cat({weight, at::zeros({1, hidden_}, weight.options())}, 0);
   const at::Tensor partial = at::embedding(table, local);
-  const bool attach = partial.requires_grad();
   at::Tensor y;
   {
     at::NoGradGuard no_grad;
     y = reduce_scatter_dim(t.team, partial.detach(), 1, plan->lengths, t.name);
   }
   detail::count_model_parallel(detail::bytes(partial) - detail::bytes(y));
-  return with_adjoint(y, partial, attach, t.name + " adjoint",
+  return with_adjoint(y, partial, plan->attach, t.name + " adjoint",
                       [team = t.team, lengths = plan->lengths, what = t.name + " adjoint"](const at::Tensor& g) {
                         detail::count_model_parallel((team.size() - 1) * detail::bytes(g));
                         return allgather_dim(team, g.contiguous(), 1, lengths, what);
@@ -158,25 +168,42 @@ torch::Tensor VocabParallelCrossEntropyImpl::forward(const torch::Tensor& logits
     tokens += plan->lengths[i];
   }
   // The logits agreed too, so that no worker raises alone: [batch, tokens,
-  // its vocabulary rows], a float dtype.
+  // its vocabulary rows], a float dtype, the targets' batch and tokens.
+  // (Those two are compared after the lookup: a plan is keyed by the
+  // logits' headers alone, and the targets may change while they do not.)
+  std::shared_ptr<const detail::VocabTeam::Compiled> lp;
   {
     std::vector<Header> headers;
-    if (!t.logit_plans.lookup(P_, make_header(logits), t.name, headers)) {
+    lp = t.logit_plans.lookup(P_, make_header(logits), t.name, headers);
+    if (!lp) {
       check_inputs(t.name, P_, P_, headers);
+      auto c = std::make_shared<detail::VocabTeam::Compiled>();
+      const Header& first = header_of(P_, headers, t.members[0]);
       for (size_t i = 0; i < t.members.size(); ++i) {
         const Header& h = header_of(P_, headers, t.members[i]);
         const int64_t s = static_cast<int64_t>(i), T = P_.shape()[1];  // member i sits at index i of axis 1
         const int64_t rows = vocab_ / T + (s < vocab_ % T ? 1 : 0);
-        if (h.ndim != 3 || !at::isFloatingType(h.scalar_type()) || h.dims[1] != tokens || h.dims[2] != rows)
+        if (h.ndim != 3 || !at::isFloatingType(h.scalar_type()) || h.dims[2] != rows || first.ndim != 3 ||
+            h.dims[0] != first.dims[0] || h.dims[1] != first.dims[1])
           throw ShapeError(t.name + ": the logits of world rank " + std::to_string(t.members[i]) + " are " +
-                               shape_string(h.shape()) + " of " + c10::toString(h.scalar_type()) +
-                               "; they must be float [batch, " + std::to_string(tokens) + ", " +
-                               std::to_string(rows) + "] (its vocabulary rows)",
+                               shape_string(h.shape()) + " of " + c10::toString(h.scalar_type()) + ", world rank " +
+                               std::to_string(t.members[0]) + "'s " + shape_string(first.shape()) +
+                               "; they must be float [batch, tokens, " + std::to_string(rows) +
+                               "] (its vocabulary rows), the same batch and tokens on every worker of the team",
                            rule_code::kTilingDims);
+        c->attach = c->attach || h.requires_grad != 0;
       }
-      t.logit_plans.insert(headers, std::make_shared<detail::VocabTeam::Compiled>());
+      c->batch = first.dims[0];
+      c->tokens = first.dims[1];
+      t.logit_plans.insert(headers, c);
+      lp = c;
     }
   }
+  if (lp->batch != targets.size(0) || lp->tokens != tokens)
+    throw ShapeError(t.name + ": the logits are [" + std::to_string(lp->batch) + ", " + std::to_string(lp->tokens) +
+                         ", ...] on every worker of the team, the targets [" + std::to_string(targets.size(0)) + ", " +
+                         std::to_string(tokens) + "] (batch, the team's tokens); they must agree",
+                     rule_code::kTilingDims);
   const at::Tensor all = t.gather_tokens(targets, *plan, "targets");
   const at::Tensor x = logits.detach();
   at::Tensor m, S, z;
@@ -199,9 +226,8 @@ torch::Tensor VocabParallelCrossEntropyImpl::forward(const torch::Tensor& logits
   }
   // The loss of every token of the team, then this worker's tokens.
   const at::Tensor loss = (S.log() + m - z).narrow(1, mine_at, mine_len).contiguous();
-  const bool attach = logits.requires_grad() && at::GradMode::is_enabled();
   const int64_t start = start_, rows = rows_;
-  return with_adjoint(loss, logits, attach, t.name + " adjoint",
+  return with_adjoint(loss, logits, lp->attach, t.name + " adjoint",
                       [team = t.team, lengths = plan->lengths, what = t.name + " adjoint", x, m, S, all, start,
                        rows](const at::Tensor& g) {
                         // Every token's loss gradient, from the worker that holds it.

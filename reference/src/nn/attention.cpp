@@ -20,13 +20,17 @@ Tensors parallel_self_attention(const Partition& P_tokens, int64_t heads, const 
     const at::Tensor qkv = (at::matmul(X, W_qkv.t()) + b_qkv).reshape({b, T, heads, 3, hd});
     Tensors per_head;
     for (int64_t h = 0; h < heads; ++h) {
-      const at::Tensor q = qkv.select(2, h).select(2, 0), k = qkv.select(2, h).select(2, 1),
-                       v = qkv.select(2, h).select(2, 2);  // [b, T, hd]
+      // float16 and bfloat16 attend in float32 (scores, softmax and the
+      // weighted sum), other dtypes in their own.
+      const at::ScalarType dtype = qkv.scalar_type();
+      const at::ScalarType in = dtype == at::kHalf || dtype == at::kBFloat16 ? at::kFloat : dtype;
+      const at::Tensor q = qkv.select(2, h).select(2, 0).to(in), k = qkv.select(2, h).select(2, 1).to(in),
+                       v = qkv.select(2, h).select(2, 2).to(in);  // [b, T, hd]
       at::Tensor s = at::matmul(q, k.transpose(1, 2)) / std::sqrt(static_cast<double>(hd));  // [b, T, T]
       // Token i sees tokens 0..i.
       const at::Tensor allowed = at::ones({T, T}, at::TensorOptions().dtype(at::kBool)).tril();
       s = at::where(allowed, s, at::full_like(s, -std::numeric_limits<double>::infinity()));
-      per_head.push_back(at::matmul(at::softmax(s, -1), v));
+      per_head.push_back(at::matmul(at::softmax(s, -1), v).to(dtype));
     }
     const at::Tensor Y = at::matmul(at::cat(per_head, 2), W_proj.t()) + b_proj;
     int64_t at = 0;

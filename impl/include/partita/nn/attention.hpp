@@ -16,7 +16,8 @@
 //
 // The heads must divide by t (PartitionError otherwise, on every rank). The
 // parameters are the two Linear layers' (W and b as seed 002 stores them,
-// blocks over tp, on replica 0 or ZeRO-3 shards).
+// blocks over tp, on replica 0 or, with LinearOptions().replicated(true),
+// on every replica).
 #pragma once
 
 #include <torch/nn/module.h>
