@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "partita/mpi/runtime.hpp"
+#include "partita/nn/dropout.hpp"
 #include "partita/nn/layer_norm.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/smp.hpp"
@@ -577,6 +578,21 @@ TEST(ThreeD, BadInputRaisesOnEveryRank) {
   EXPECT_EQ(smp::allgather(1, smp::WORLD).size(), static_cast<size_t>(n));
 }
 
+// A module of the user's with a parameter of its own (which partita cannot
+// train in a tensor-parallel stage).
+struct Gain : torch::nn::Module {
+  Gain() { gain = register_parameter("gain", at::ones({1}, at::kDouble)); }
+  at::Tensor forward(const at::Tensor& x) { return x * gain; }
+  at::Tensor gain;
+};
+
+// A torch::nn::Linear inside a module of the user's.
+struct Wrapped : torch::nn::Module {
+  Wrapped() { head = register_module("head", torch::nn::Linear(kHidden, kHidden)); }
+  at::Tensor forward(const at::Tensor& x) { return head(at::tanh(x)); }
+  torch::nn::Linear head{nullptr};
+};
+
 // The raised error's text on this rank ("" when nothing was raised).
 template <typename F>
 std::string usage_error(F&& f) {
@@ -621,6 +637,21 @@ TEST(ThreeD, ModelsThatDoNotFitTheLayoutRaiseOnEveryRank) {
     EXPECT_RAISED(e, "layer 2 ('2') runs on stage 1");
     EXPECT_RAISED(e, "was built on the ranks of pp rank 0 (smp::stage_partitions(0)): a stage boundary falls "
                      "inside a tensor-parallel block");
+    // A LayerNorm, or a dropout, built on stage 0's ranks and run in stage
+    // 1 (where it would return clones of its input).
+    for (const bool norm : {true, false}) {
+      torch::nn::Sequential misplaced;
+      misplaced->push_back(Block(parts[0], false, Data::kRandom));
+      if (norm)
+        misplaced->push_back(nn::SequenceParallelLayerNorm(parts[0].tokens, kHidden, nn::LayerNormOptions().dtype(at::kDouble)));
+      else
+        misplaced->push_back(nn::SeededDropout(parts[0].tokens, nn::DropoutOptions().p(0.1)));
+      misplaced->push_back(Block(parts[1], false, Data::kRandom));
+      const std::string m_error = usage_error([&] { smp::DistributedModel m(misplaced, {1}); });
+      EXPECT_RAISED(m_error, "layer 1 ('1') runs on stage 1");
+      EXPECT_RAISED(m_error, std::string(norm ? "SequenceParallelLayerNormImpl" : "SeededDropoutImpl") +
+                                 " was built on the ranks of pp rank 0");
+    }
   }
   const std::vector<int> ranks = smp::stage_workers(0);
   const int64_t n0 = static_cast<int64_t>(ranks.size());
@@ -687,6 +718,21 @@ TEST(ThreeD, ModelsThatDoNotFitTheLayoutRaiseOnEveryRank) {
     EXPECT_RAISED(e, "layer " + std::to_string(pp) + " ('" + std::to_string(pp) +
                          "') holds torch::nn::LayerNormImpl with parameters 'weight', 'bias'");
     EXPECT_RAISED(e, "under tensor_parallel_degree " + std::to_string(tp));
+    // The same for a torch::nn::Linear head nested in a container, and for
+    // a module of the user's with a parameter of its own.
+    torch::nn::Sequential nested;
+    for (int s = 0; s < pp; ++s) nested->push_back(Block(parts[s], false, Data::kRandom));
+    nested->push_back(std::make_shared<Wrapped>());
+    std::vector<int> one_block_each;  // stage s starts at block s (the extra layer in the last)
+    for (int s = 1; s < pp; ++s) one_block_each.push_back(s);
+    const std::string in_nested = usage_error([&] { smp::DistributedModel m(nested, one_block_each); });
+    EXPECT_RAISED(in_nested, "layer " + std::to_string(pp) + " ('" + std::to_string(pp) +
+                                 "') holds torch::nn::LinearImpl with parameters 'weight', 'bias'");
+    torch::nn::Sequential own;
+    for (int s = 0; s < pp; ++s) own->push_back(Block(parts[s], false, Data::kRandom));
+    own->push_back(std::make_shared<Gain>());
+    const std::string in_own = usage_error([&] { smp::DistributedModel m(own, one_block_each); });
+    EXPECT_RAISED(in_own, "Gain with parameters 'gain'");
   }
   // A model that fits still builds and trains a step.
   torch::nn::Sequential seq;

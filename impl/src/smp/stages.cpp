@@ -12,6 +12,7 @@
 
 #include "partita/mpi/poll.hpp"
 #include "partita/mpi/runtime.hpp"
+#include "partita/nn/dropout.hpp"
 #include "partita/nn/layer_norm.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/nn/vocab_parallel.hpp"
@@ -130,7 +131,9 @@ void agree_on_the_model(const Stages& m, const std::vector<int>& split_points, c
 
 // partita's distributed layers in the layers of stage k must run on stage
 // k's ranks (pp rank k mod pp_size, every replica and tp rank: what
-// smp::stage_partitions(k) gives), split over tp along their model axis.
+// smp::stage_partitions(k) gives), the Linear layers split over tp along
+// their model axis. (A LayerNorm, embedding or dropout built on another
+// stage's ranks would return clones of its input where it runs.)
 // Every rank checks every layer (the same verdict everywhere; agreed over
 // the world all the same).
 void check_tensor_parallel_layers(const Stages& m, int ranks) {
@@ -143,10 +146,16 @@ void check_tensor_parallel_layers(const Stages& m, int ranks) {
   for (size_t k = 0; k + 1 < m.bounds.size() && problem.empty(); ++k)
     for (int i = m.bounds[k]; i < m.bounds[k + 1] && problem.empty(); ++i)
       for (const auto& sub : m.children[i]->modules(/*include_self=*/true)) {
-        auto d = std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub);
-        if (!d) continue;
+        const auto d = std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub);
+        const mpi::Partition* of = nullptr;
+        if (d) of = &d->partition();
+        else if (const auto n = std::dynamic_pointer_cast<nn::SequenceParallelLayerNormImpl>(sub)) of = &n->partition();
+        else if (const auto e = std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(sub)) of = &e->partition();
+        else if (const auto c = std::dynamic_pointer_cast<nn::VocabParallelCrossEntropyImpl>(sub)) of = &c->partition();
+        else if (const auto o = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(sub)) of = &o->partition();
+        if (!of) continue;
         const int pp = static_cast<int>(k) % ranks;
-        const mpi::Partition& P = d->partition();
+        const mpi::Partition& P = *of;
         const std::vector<int> want = sorted(stage_workers(pp));
         const std::vector<int> got = P.is_null() ? std::vector<int>{} : sorted(P.workers());
         const std::string what = "layer " + std::to_string(i) + " ('" + m.names[i] + "') runs on stage " +
@@ -163,7 +172,7 @@ void check_tensor_parallel_layers(const Stages& m, int ranks) {
           else
             problem = what + " was built on world ranks " + list_text(got) + ", which are no stage's ranks; build "
                       "it on smp::stage_partitions(" + std::to_string(pp) + ")";
-        } else if (P.cartesian() && !std::dynamic_pointer_cast<nn::DistributedLinearImpl>(sub) &&
+        } else if (d && P.cartesian() && !std::dynamic_pointer_cast<nn::DistributedLinearImpl>(sub) &&
                    P.shape().back() != l.tp_size()) {
           problem = what + " splits its features over M = " + std::to_string(P.shape().back()) +
                     " workers (partition " + P.describe() + "), and tensor_parallel_degree is " +

@@ -51,6 +51,7 @@ class SeededDropoutImpl : public torch::nn::Module {
   // Sets the count of calls made (a resumed run: the count a checkpoint
   // saved), so the next call draws the mask it would have drawn.
   void set_calls(uint64_t calls) { calls_ = calls; }
+  const mpi::Partition& partition() const { return P_; }
 
  private:
   mpi::Partition P_;
