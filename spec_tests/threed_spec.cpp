@@ -586,6 +586,13 @@ struct Gain : torch::nn::Module {
   at::Tensor gain;
 };
 
+// A module of the user's that uses a tensor another module owns (a tie).
+struct Shares : torch::nn::Module {
+  explicit Shares(const at::Tensor& t) { shared = register_parameter("shared", t); }
+  at::Tensor forward(const at::Tensor& x) { return x * shared.sum(); }
+  at::Tensor shared;
+};
+
 // A torch::nn::Linear inside a module of the user's.
 struct Wrapped : torch::nn::Module {
   Wrapped() { head = register_module("head", torch::nn::Linear(kHidden, kHidden)); }
@@ -733,6 +740,32 @@ TEST(ThreeD, ModelsThatDoNotFitTheLayoutRaiseOnEveryRank) {
     own->push_back(std::make_shared<Gain>());
     const std::string in_own = usage_error([&] { smp::DistributedModel m(own, one_block_each); });
     EXPECT_RAISED(in_own, "Gain with parameters 'gain'");
+  }
+  if (tp == 1 && pp > 1) {
+    // Tied parameters: a Gain's on stage 0 used again on stage 1, and a
+    // distributed layer's weight used by a plain module of its stage.
+    auto gain = std::make_shared<Gain>();
+    torch::nn::Sequential apart;
+    apart->push_back(gain);
+    apart->push_back(std::make_shared<Shares>(gain->gain));
+    const std::string across = usage_error([&] { smp::DistributedModel m(apart, {1}); });
+    EXPECT_RAISED(across, "'0.gain' (layer 0) and '1.shared' (layer 1) are one tensor, on different pp ranks (0 and 1)");
+    Block block(parts[0], false, Data::kRandom);
+    const auto held = block->up->parameters();  // none on stage 1's ranks: a stand-in of its shape (tp 1)
+    torch::nn::Sequential with_distributed;
+    with_distributed->push_back(block);
+    with_distributed->push_back(std::make_shared<Shares>(held.empty() ? at::zeros({kFfn, kHidden}, at::kDouble) : held[0]));
+    with_distributed->push_back(Block(parts[1], false, Data::kRandom));
+    const std::string mixed = usage_error([&] { smp::DistributedModel m(with_distributed, {2}); });
+    EXPECT_RAISED(mixed, "(layer 0) and '1.shared' (layer 1) are one tensor, and one of them is a partita distributed "
+                         "layer's");
+    // A tie between plain modules on one pp rank is left to train.
+    auto kept = std::make_shared<Gain>();
+    torch::nn::Sequential together;
+    together->push_back(kept);
+    together->push_back(std::make_shared<Shares>(kept->gain));
+    together->push_back(std::make_shared<Gain>());
+    EXPECT_EQ(usage_error([&] { smp::DistributedModel m(together, {2}); }), "");
   }
   // A model that fits still builds and trains a step.
   torch::nn::Sequential seq;

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -211,6 +212,52 @@ void check_parameters_known_to_tensor_parallel(const Stages& m) {
     }
 }
 
+// A parameter two modules share (tied weights). Where its two owners run
+// on different pp ranks, each rank would train its own copy with its own
+// stage's share of the gradient, and nothing would add the two; where one
+// owner is partita's distributed Linear layer, that layer sums its
+// replicas' gradients onto its stored copy while the pipeline averages the
+// other owner's. Both refused, naming the two places; a tie between plain
+// modules on one pp rank trains as it does in one process. (A distributed
+// layer holds its parameters on some ranks only: the verdict is agreed.)
+void check_tied_parameters(const Stages& m, int ranks) {
+  std::string problem;
+  struct Owner {
+    size_t layer;
+    std::string name;
+    bool distributed;
+  };
+  std::map<const void*, Owner> first;
+  auto rank_of = [&](size_t layer) {
+    size_t k = 0;
+    while (m.bounds[k + 1] <= static_cast<int>(layer)) ++k;
+    return static_cast<int>(k) % ranks;
+  };
+  for (size_t i = 0; i < m.children.size() && problem.empty(); ++i)
+    for (const auto& item : m.children[i]->named_modules(/*name_prefix=*/m.names[i], /*include_self=*/true)) {
+      const bool distributed = std::dynamic_pointer_cast<nn::DistributedLinearBase>(item.value()) != nullptr;
+      for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+        const Owner here{i, item.key() + "." + p.key(), distributed};
+        const auto [it, fresh] = first.try_emplace(p.value().unsafeGetTensorImpl(), here);
+        if (fresh) continue;
+        const Owner& there = it->second;
+        const bool apart = rank_of(there.layer) != rank_of(i);
+        if (!apart && !there.distributed && !here.distributed) continue;
+        problem = "'" + there.name + "' (layer " + std::to_string(there.layer) +
+                         ") and '" + here.name + "' (layer " + std::to_string(i) + ") are one tensor, " +
+                         (apart ? "on different pp ranks (" + std::to_string(rank_of(there.layer)) + " and " +
+                                      std::to_string(rank_of(i)) + "): each would train its own copy"
+                                : std::string("and one of them is a partita distributed layer's, whose gradient is "
+                                              "summed where the other's is averaged")) +
+                  ". Tied parameters are trained only between plain modules on one pp rank";
+        break;
+      }
+      if (!problem.empty()) break;
+    }
+  for (const auto& p : allgather(problem, WORLD))
+    if (!p.empty()) throw UsageError("smp::DistributedModel: " + p);
+}
+
 }  // namespace
 
 void add_layer_adapter(LayerAdapter adapter) { layer_adapters().push_back(std::move(adapter)); }
@@ -339,6 +386,7 @@ Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const 
   for (const auto& child : m.children) distributed = distributed || holds_distributed_layers(child);
   if (distributed) check_tensor_parallel_layers(m, ranks);  // (every rank takes this branch or none: agreed above)
   check_parameters_known_to_tensor_parallel(m);
+  check_tied_parameters(m, ranks);
   m.calls = std::move(calls);
   return m;
 }
