@@ -297,7 +297,9 @@ void train_and_compare(const Case& c) {
   }
   EXPECT_TRUE(moved) << label << ": training did not change the parameters";
   // The exactness the integer comparison relies on.
-  if (c.data == Data::kInteger) EXPECT_LT(largest, std::ldexp(1.0, 40)) << label;
+  if (c.data == Data::kInteger) {
+    EXPECT_LT(largest, std::ldexp(1.0, 40)) << label;
+  }
 }
 
 // The layouts of this world size the issue asks for, each under every schedule.
@@ -659,6 +661,13 @@ TEST(ThreeD, ModelsThatDoNotFitTheLayoutRaiseOnEveryRank) {
       EXPECT_RAISED(m_error, std::string(norm ? "SequenceParallelLayerNormImpl" : "SeededDropoutImpl") +
                                  " was built on the ranks of pp rank 0");
     }
+    // The same in a model without a distributed Linear layer.
+    torch::nn::Sequential no_linear;
+    no_linear->push_back(torch::nn::Tanh());
+    no_linear->push_back(nn::SeededDropout(parts[0].tokens, nn::DropoutOptions().p(0.1)));
+    const std::string d_error = usage_error([&] { smp::DistributedModel m(no_linear, {1}); });
+    EXPECT_RAISED(d_error, "layer 1 ('1') runs on stage 1");
+    EXPECT_RAISED(d_error, "SeededDropoutImpl was built on the ranks of pp rank 0");
   }
   const std::vector<int> ranks = smp::stage_workers(0);
   const int64_t n0 = static_cast<int64_t>(ranks.size());
@@ -766,6 +775,13 @@ TEST(ThreeD, ModelsThatDoNotFitTheLayoutRaiseOnEveryRank) {
     together->push_back(std::make_shared<Shares>(kept->gain));
     together->push_back(std::make_shared<Gain>());
     EXPECT_EQ(usage_error([&] { smp::DistributedModel m(together, {2}); }), "");
+    // So is one distributed layer reused on its stage.
+    Block twice(parts[0], false, Data::kRandom);
+    torch::nn::Sequential reused;
+    reused->push_back(twice);
+    reused->push_back(twice);
+    reused->push_back(Block(parts[1], false, Data::kRandom));
+    EXPECT_EQ(usage_error([&] { smp::DistributedModel m(reused, {2}); }), "");
   }
   // A model that fits still builds and trains a step.
   torch::nn::Sequential seq;

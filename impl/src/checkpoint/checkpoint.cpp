@@ -620,8 +620,9 @@ void save(const std::string& dir_in, const std::vector<Shard>& shards, const Inf
         }
         fsync_path(partial / kManifest);
         fsync_path(partial);
-        // Never over anything: a save of the same name by another job that
-        // finished first, or a directory made empty meanwhile, stays.
+        // Not over anything there: a save of the same name by another job
+        // that finished first, or a directory made empty meanwhile, stays
+        // (an empty one only where the file system has RENAME_NOREPLACE).
         if (const int rc = rename_no_replace(partial, final_dir))
           throw CheckpointError(rc == EEXIST || rc == ENOTEMPTY || fs::exists(final_dir)
                                     ? "already exists: another save of it finished first (a checkpoint is never overwritten)"

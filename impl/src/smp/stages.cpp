@@ -215,17 +215,19 @@ void check_parameters_known_to_tensor_parallel(const Stages& m) {
 // A parameter two modules share (tied weights). Where its two owners run
 // on different pp ranks, each rank would train its own copy with its own
 // stage's share of the gradient, and nothing would add the two; where one
-// owner is partita's distributed Linear layer, that layer sums its
-// replicas' gradients onto its stored copy while the pipeline averages the
-// other owner's. Both refused, naming the two places; a tie between plain
-// modules on one pp rank trains as it does in one process. (A distributed
+// owner is partita's distributed Linear layer that sums its replicas'
+// gradients onto its stored copy (not a replicated one), the pipeline
+// averages the other owner's. Both refused, naming the two places; a tie
+// between plain modules on one pp rank, or one module reused on one pp
+// rank, trains as it does in one process. (A distributed
 // layer holds its parameters on some ranks only: the verdict is agreed.)
 void check_tied_parameters(const Stages& m, int ranks) {
   std::string problem;
   struct Owner {
     size_t layer;
     std::string name;
-    bool distributed;
+    bool distributed;  // its layer sums its copies' gradients itself
+    const torch::nn::Module* module;
   };
   std::map<const void*, Owner> first;
   auto rank_of = [&](size_t layer) {
@@ -235,14 +237,15 @@ void check_tied_parameters(const Stages& m, int ranks) {
   };
   for (size_t i = 0; i < m.children.size() && problem.empty(); ++i)
     for (const auto& item : m.children[i]->named_modules(/*name_prefix=*/m.names[i], /*include_self=*/true)) {
-      const bool distributed = std::dynamic_pointer_cast<nn::DistributedLinearBase>(item.value()) != nullptr;
+      const auto d = std::dynamic_pointer_cast<nn::DistributedLinearBase>(item.value());
+      const bool distributed = d && !d->replicated();
       for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
-        const Owner here{i, item.key() + "." + p.key(), distributed};
+        const Owner here{i, item.key() + "." + p.key(), distributed, item.value().get()};
         const auto [it, fresh] = first.try_emplace(p.value().unsafeGetTensorImpl(), here);
         if (fresh) continue;
         const Owner& there = it->second;
         const bool apart = rank_of(there.layer) != rank_of(i);
-        if (!apart && !there.distributed && !here.distributed) continue;
+        if (!apart && (there.module == here.module || (!there.distributed && !here.distributed))) continue;
         problem = "'" + there.name + "' (layer " + std::to_string(there.layer) +
                          ") and '" + here.name + "' (layer " + std::to_string(i) + ") are one tensor, " +
                          (apart ? "on different pp ranks (" + std::to_string(rank_of(there.layer)) + " and " +
@@ -382,9 +385,17 @@ Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const 
     }
     m.bounds.push_back(n);
   }
-  bool distributed = false;
-  for (const auto& child : m.children) distributed = distributed || holds_distributed_layers(child);
-  if (distributed) check_tensor_parallel_layers(m, ranks);  // (every rank takes this branch or none: agreed above)
+  // partita's layers anywhere in the model (the same types on every rank:
+  // agreed above, so every rank takes this branch or none).
+  bool partita_layers = false;
+  for (const auto& child : m.children)
+    for (const auto& sub : child->modules(/*include_self=*/true))
+      partita_layers = partita_layers || std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub) ||
+                       std::dynamic_pointer_cast<nn::SequenceParallelLayerNormImpl>(sub) ||
+                       std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(sub) ||
+                       std::dynamic_pointer_cast<nn::VocabParallelCrossEntropyImpl>(sub) ||
+                       std::dynamic_pointer_cast<nn::SeededDropoutImpl>(sub);
+  if (partita_layers) check_tensor_parallel_layers(m, ranks);
   check_parameters_known_to_tensor_parallel(m);
   check_tied_parameters(m, ranks);
   m.calls = std::move(calls);
