@@ -81,11 +81,12 @@ inline constexpr int kFormatVersion = 1;
 // Writes `dir`, which must not exist: first as `dir`.partial-HOST-PID (one
 // that a killed save of this host left is removed once its process is
 // gone), then, after every rank's data is on disk, renamed to `dir` in one
-// step that replaces nothing there (RENAME_NOREPLACE; where the file system
-// lacks it, rename(2), which would replace an empty directory). Every name's pieces must agree on
-// dtype and global shape, lie inside it, and cover it exactly (identical
-// blocks on several ranks are written once; blocks that overlap otherwise
-// are refused). Collective over the world.
+// step that replaces nothing there (RENAME_NOREPLACE; where the file
+// system lacks it, rename(2), which would replace an empty directory).
+// Every name's pieces must agree on dtype and global shape, lie inside it,
+// and cover it exactly (identical blocks on several ranks are written
+// once; blocks that overlap otherwise are refused). Collective over the
+// world.
 void save(const std::string& dir, const std::vector<Shard>& shards, const Info& info = {});
 
 struct LoadOptions {
