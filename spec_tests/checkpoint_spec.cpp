@@ -464,6 +464,15 @@ void edit(const std::string& path, const std::function<void(std::string&)>& f) {
   barrier();
 }
 
+// Rank 0 replaces the first `from` in a file of the checkpoint with `to`.
+void replace_once(const std::string& path, const std::string& from, const std::string& to) {
+  edit(path, [&](std::string& bytes) {
+    const size_t at = bytes.find(from);
+    ASSERT_NE(at, std::string::npos) << from << " not in " << bytes.substr(0, 200);
+    bytes.replace(at, from.size(), to);
+  });
+}
+
 TEST(CheckpointErrors, EveryRankRaisesTheSameError) {
   TempDir tmp;
   const std::string dir = tmp / "good";
@@ -523,18 +532,10 @@ TEST(CheckpointErrors, EveryRankRaisesTheSameError) {
   EXPECT_CONTAINS(cut, "the file is truncated");
   EXPECT_EQ(cut.rfind(truncated + ": model.safetensors: ", 0), 0u) << cut;
   const std::string liar = copy("liar");
-  edit(liar + "/model.safetensors", [](std::string& b) {
-    const size_t at = b.find("[0,24]");  // "b": 3 doubles; make it claim 4
-    ASSERT_NE(at, std::string::npos) << b.substr(0, 200);
-    b.replace(at, 6, "[0,32]");
-  });
+  replace_once(liar + "/model.safetensors", "[0,24]", "[0,32]");  // "b": 3 doubles; make it claim 4
   EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(liar, two_tensors()); }), "hold 32 bytes");
   const std::string version = copy("version");
-  edit(version + "/manifest.json", [](std::string& m) {
-    const size_t at = m.find("\"version\": 1");
-    ASSERT_NE(at, std::string::npos) << m;
-    m.replace(at, 12, "\"version\": 9");
-  });
+  replace_once(version + "/manifest.json", "\"version\": 1", "\"version\": 9");
   EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(version, two_tensors()); }),
                   "format version 9; this build reads version 1 only");
   const std::string garbage = copy("garbage");
@@ -547,11 +548,7 @@ TEST(CheckpointErrors, EveryRankRaisesTheSameError) {
   EXPECT_EQ(manifest_error.rfind(bad_manifest + ": manifest.json: not valid JSON", 0), 0u) << manifest_error;
   // A manifest that does not list what the file holds.
   const std::string unlisted = copy("unlisted");
-  edit(unlisted + "/manifest.json", [](std::string& m) {
-    const size_t at = m.find("\"name\": \"b\"");
-    ASSERT_NE(at, std::string::npos) << m;
-    m.replace(at, 11, "\"name\": \"c\"");
-  });
+  replace_once(unlisted + "/manifest.json", "\"name\": \"b\"", "\"name\": \"c\"");
   EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(unlisted, two_tensors()); }),
                   unlisted + ": manifest.json lists \"c\", which model.safetensors does not hold");
   const std::string no_manifest = copy("no_manifest");

@@ -342,6 +342,11 @@ std::string read_file(const fs::path& p, int64_t limit) {
   return s;
 }
 
+// `what`, beginning with "FILE: " unless it does already.
+std::string naming(const std::string& file, const std::string& what) {
+  return what.rfind(file + ":", 0) == 0 ? what : file + ": " + what;
+}
+
 // Rank 0 reads the manifest and the file's header; every rank parses
 // them (so every rank raises the same error).
 Read read_checkpoint(const std::string& dir) {
@@ -391,8 +396,7 @@ Read read_checkpoint(const std::string& dir) {
     try {
       r.header = safetensors::parse_header(fields.at(2), size, kDataFile);
     } catch (const std::exception& e) {  // the data file's, whatever raised it
-      const std::string what = e.what();
-      throw CheckpointError(what.rfind(std::string(kDataFile) + ":", 0) == 0 ? what : std::string(kDataFile) + ": " + what);
+      throw CheckpointError(naming(kDataFile, e.what()));
     }
     // The manifest's tensors must be the file's.
     std::map<std::string, const safetensors::Entry*> in_file;
@@ -420,8 +424,7 @@ Read read_checkpoint(const std::string& dir) {
   } catch (const std::exception& e) {
     // The manifest's: json::parse names it already; nlohmann's own errors
     // (a field missing or of another type) do not.
-    const std::string what = e.what();
-    throw CheckpointError(dir + ": " + (what.rfind(std::string(kManifest) + ":", 0) == 0 ? what : std::string(kManifest) + ": " + what));
+    throw CheckpointError(dir + ": " + naming(kManifest, e.what()));
   }
   return r;
 }

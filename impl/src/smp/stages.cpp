@@ -137,6 +137,18 @@ void agree_on_the_model(const Stages& m, const std::vector<int>& split_points, c
 // stage's ranks would return clones of its input where it runs.)
 // Every rank checks every layer (the same verdict everywhere; agreed over
 // the world all the same).
+// The partition a stage-bound layer of partita's runs on (a distributed
+// Linear layer, a LayerNorm, an embedding, a cross-entropy, a dropout), or
+// null for any other module.
+const mpi::Partition* stage_bound_partition(const std::shared_ptr<torch::nn::Module>& sub) {
+  if (const auto d = std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub)) return &d->partition();
+  if (const auto n = std::dynamic_pointer_cast<nn::SequenceParallelLayerNormImpl>(sub)) return &n->partition();
+  if (const auto e = std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(sub)) return &e->partition();
+  if (const auto c = std::dynamic_pointer_cast<nn::VocabParallelCrossEntropyImpl>(sub)) return &c->partition();
+  if (const auto o = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(sub)) return &o->partition();
+  return nullptr;
+}
+
 void check_tensor_parallel_layers(const Stages& m, int ranks) {
   std::string problem;
   const Layout& l = layout();
@@ -147,14 +159,9 @@ void check_tensor_parallel_layers(const Stages& m, int ranks) {
   for (size_t k = 0; k + 1 < m.bounds.size() && problem.empty(); ++k)
     for (int i = m.bounds[k]; i < m.bounds[k + 1] && problem.empty(); ++i)
       for (const auto& sub : m.children[i]->modules(/*include_self=*/true)) {
-        const auto d = std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub);
-        const mpi::Partition* of = nullptr;
-        if (d) of = &d->partition();
-        else if (const auto n = std::dynamic_pointer_cast<nn::SequenceParallelLayerNormImpl>(sub)) of = &n->partition();
-        else if (const auto e = std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(sub)) of = &e->partition();
-        else if (const auto c = std::dynamic_pointer_cast<nn::VocabParallelCrossEntropyImpl>(sub)) of = &c->partition();
-        else if (const auto o = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(sub)) of = &o->partition();
+        const mpi::Partition* of = stage_bound_partition(sub);
         if (!of) continue;
+        const auto d = std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub);
         const int pp = static_cast<int>(k) % ranks;
         const mpi::Partition& P = *of;
         const std::vector<int> want = sorted(stage_workers(pp));
@@ -390,11 +397,7 @@ Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const 
   bool partita_layers = false;
   for (const auto& child : m.children)
     for (const auto& sub : child->modules(/*include_self=*/true))
-      partita_layers = partita_layers || std::dynamic_pointer_cast<nn::DistributedLinearBase>(sub) ||
-                       std::dynamic_pointer_cast<nn::SequenceParallelLayerNormImpl>(sub) ||
-                       std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(sub) ||
-                       std::dynamic_pointer_cast<nn::VocabParallelCrossEntropyImpl>(sub) ||
-                       std::dynamic_pointer_cast<nn::SeededDropoutImpl>(sub);
+      partita_layers = partita_layers || stage_bound_partition(sub) != nullptr;
   if (partita_layers) check_tensor_parallel_layers(m, ranks);
   check_parameters_known_to_tensor_parallel(m);
   check_tied_parameters(m, ranks);
