@@ -26,6 +26,8 @@
 
 #include <torch/torch.h>
 
+#include <c10/core/InferenceMode.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -242,6 +244,46 @@ TEST(LayerProperty, VocabParallelCrossEntropyMatchesItsTwin) {
   }));
 }
 
+// 16-bit logits are taken in float32 (docs/transformer.md): the loss is
+// float32, equal to the float64 twin's on the same 16-bit values within
+// float32 rounding, also where the workers' maxima lie far apart (an
+// all-reduce of the maximum over 16-bit bit patterns would pick a negative
+// one over a positive one); the gradient comes back in the logits' dtype.
+TEST(LayerProperty, VocabParallelCrossEntropyTakes16BitLogitsInFloat32) {
+  const int p = mpi::world_size(), r = mpi::world_rank();
+  const auto P = mpi::Partition::world().create_cartesian_topology_partition({1, p, 1});
+  const int64_t vocab = 3 * p + 1, rows = vocab / p + (r < vocab % p ? 1 : 0);
+  nn::VocabParallelCrossEntropy loss(P, vocab);
+  for (const auto dtype : {at::kBFloat16, at::kHalf}) {
+    // Worker r's logits around 20 - 40 r: the maxima differ in sign and by far more than exp's range in 16 bits.
+    std::vector<at::Tensor> all_logits, all_targets;
+    for (int q = 0; q < p; ++q) {
+      at::manual_seed(100 + q);
+      const int64_t rq = vocab / p + (q < vocab % p ? 1 : 0);
+      all_logits.push_back((at::randn({2, 2 * p, rq}, at::kDouble) + 20 - 40 * q).to(dtype));
+      all_targets.push_back(at::randint(vocab, {2, 2}, at::kLong));
+    }
+    const at::Tensor logits = all_logits[r].clone().requires_grad_();
+    const at::Tensor l = loss->forward(logits, all_targets[r]);
+    l.sum().backward();
+    // The twin, in float64 on the same values.
+    const at::Tensor whole = at::cat(all_logits, 2).to(at::kDouble).requires_grad_();
+    const at::Tensor targets = at::cat(all_targets, 1);
+    const at::Tensor want = at::logsumexp(whole, -1) - whole.gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+    want.sum().backward();
+    const at::Tensor mine = want.narrow(1, 2 * r, 2).detach();
+    const at::Tensor grad = whole.grad().narrow(2, vocab / p * r + std::min<int64_t>(r, vocab % p), rows);
+    EXPECT_EQ(l.scalar_type(), at::kFloat) << dtype;
+    EXPECT_TRUE(at::allclose(l.to(at::kDouble), mine, 1e-5, 1e-5)) << dtype << ", rank " << r << ": " << l << " for " << mine;
+    if (!logits.grad().defined()) {
+      ADD_FAILURE() << "no gradient, rank " << r;
+      continue;  // (in step with the other ranks)
+    }
+    EXPECT_EQ(logits.grad().scalar_type(), dtype);
+    EXPECT_TRUE(at::allclose(logits.grad().to(at::kDouble), grad, 0, 1e-2)) << dtype << ", rank " << r;
+  }
+}
+
 // An id or a target outside the vocabulary on one rank raises ShapeError on
 // every rank of its team (each sees the whole team's after the all-gather),
 // never a silent zero row; a good call works afterwards.
@@ -416,6 +458,56 @@ TEST(LayerProperty, AGradientWantedOnOneRankRunsEveryRanksBackward) {
           << name << ": rank 0's gradient " << one << " for " << all;
     }
   }
+}
+
+// A rank under NoGradGuard or InferenceMode records no backward: if another
+// rank wants a gradient, its backward would wait for that rank forever.
+// Every rank raises at the forward instead, before anything moves, and the
+// layer works afterwards.
+TEST(LayerProperty, GradModeOffOnOneRankWhileAnotherWantsAGradientRaisesOnEveryRank) {
+  const int p = mpi::world_size(), r = mpi::world_rank();
+  if (p < 2) GTEST_SKIP() << "needs 2 ranks";
+  const bool last = r == p - 1;
+  const auto P = mpi::Partition::world().create_cartesian_topology_partition({1, p, 1});
+  const at::Tensor ids = (at::arange(4, at::kLong).reshape({2, 2}) + 3 * r) % 8;
+  nn::VocabParallelEmbedding embed(P, 8, 3, nn::EmbeddingOptions().dtype(at::kDouble));
+  nn::SequenceParallelLayerNorm norm(P, 3, nn::LayerNormOptions().dtype(at::kDouble));
+  nn::VocabParallelCrossEntropy loss(P, 8);
+  const at::Tensor x = at::linspace(-1, 1, 12, at::kDouble).reshape({2, 2, 3}) * (r + 1);
+  const at::Tensor logits = at::randn({2, 2 * p, 8 / p + (r < 8 % p ? 1 : 0)}, at::kDouble).requires_grad_();
+  const std::vector<std::pair<std::string, std::function<at::Tensor()>>> layers = {
+      {"embedding", [&] { return embed->forward(ids); }},
+      {"layer norm", [&] { return norm->forward(x); }},
+      {"cross-entropy", [&] { return loss->forward(logits, ids); }}};
+  for (const auto& [name, forward] : layers)
+    for (const bool inference : {false, true}) {
+      std::string got = "nothing raised";
+      try {
+        if (!last) {
+          forward();
+        } else if (inference) {
+          c10::InferenceMode guard;
+          forward();
+        } else {
+          torch::NoGradGuard guard;
+          forward();
+        }
+      } catch (const ShapeError& e) {
+        got = e.rule() == rule_code::kGradMode ? "" : e.what();
+        if (got.empty() && std::string(e.what()).find("worker " + std::to_string(p - 1) + " runs with grad mode off") ==
+                               std::string::npos)
+          got = std::string("the message does not name the worker: ") + e.what();
+      }
+      EXPECT_EQ(got, "") << name << (inference ? " (InferenceMode)" : " (NoGradGuard)") << ", rank " << r;
+      // Afterwards, grad mode alike everywhere: a forward and a backward.
+      const at::Tensor y = forward();
+      EXPECT_TRUE(y.requires_grad()) << name << ", rank " << r;
+      y.sum().backward();
+      {
+        torch::NoGradGuard guard;  // and off everywhere: nothing attached, nothing raised
+        EXPECT_FALSE(forward().requires_grad()) << name << ", rank " << r;
+      }
+    }
 }
 
 // Each Linear layer's shards: its W and b blocks where it stores them.

@@ -18,6 +18,8 @@
 
 #include <torch/torch.h>
 
+#include <c10/core/InferenceMode.h>
+
 #include <cstring>
 #include <functional>
 #include <typeinfo>
@@ -258,6 +260,97 @@ TEST_F(StaticShapes, WithoutTheDebugSettingTheOthersWaitForTheRankThatRaised) {
   const std::string expected =
       rank() == c.changer ? std::string(rule_code::kStaticShapes) : typeid(DeadlineError).name();
   EXPECT_TRUE(agreed(rule == expected)) << "rank " << rank() << ": '" << rule << "'";
+}
+
+// Grad mode is each rank's own setting, and a rank under NoGradGuard or
+// InferenceMode records no backward. Where another rank's input requires
+// grad, that rank's backward would wait for it: every rank raises at the
+// forward instead (rule input.grad_mode), per call and at a static layer's
+// first call alike, and the layer works afterwards.
+using GradMode = StaticShapes;
+
+// This rank's call of `layer` on `x`: under `guard` (0: none, 1:
+// NoGradGuard, 2: InferenceMode), else with x requiring grad.
+at::Tensor call_under(const Layer& layer, const at::Tensor& x, int guard) {
+  if (guard == 1) {
+    torch::NoGradGuard g;
+    return layer(x);
+  }
+  if (guard == 2) {
+    c10::InferenceMode g;
+    return layer(x);
+  }
+  return layer(x.detach().clone().requires_grad_(x.is_floating_point()) * 1);
+}
+
+TEST_F(GradMode, OffOnOneRankWhileAnotherWantsAGradientRaisesOnEveryRank) {
+  if (size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  for (const auto& c : cases())
+    for (const Shapes shapes : {Shapes::kPerCall, Shapes::kStatic})
+      for (const int guard : {1, 2}) {
+        const Layer layer = c.make(everywhere(shapes));
+        const std::string rule = raised_rule<ShapeError>(
+            [&] { call_under(layer, c.input(1, false), rank() == size() - 1 ? guard : 0); });
+        EXPECT_TRUE(agreed(rule == rule_code::kGradMode))
+            << c.name << (shapes == Shapes::kStatic ? " (static)" : " (per call)") << ", guard " << guard
+            << ", rank " << rank() << ": '" << rule << "'";
+        const at::Tensor x = c.input(2, false);
+        const Outcome a = run(layer, x, 3), b = run(c.make(everywhere(Shapes::kPerCall)), x, 3);
+        EXPECT_TRUE(agreed(same_bits(a.y, b.y) && same_bits(a.dx, b.dx))) << c.name;
+      }
+}
+
+// A static layer trained with grad is evaluated under NoGradGuard or
+// InferenceMode without breaking its promise (grad mode off attaches
+// nothing, whatever the plan says), and trains again afterwards. With the
+// debug setting the exchange also sees a rank whose grad mode is off while
+// another's input requires grad, and every rank raises.
+TEST_F(GradMode, AStaticLayerTrainedWithGradIsEvaluatedWithGradModeOff) {
+  for (const bool debug : {false, true}) {
+    const Verify verify(debug);
+    for (const auto& c : cases())
+      for (const int guard : {1, 2}) {
+        const Layer fixed = c.make(everywhere(Shapes::kStatic));
+        const Layer per_call = c.make(everywhere(Shapes::kPerCall));
+        run(fixed, c.input(1, false), 2);
+        const at::Tensor x = c.input(3, false);
+        std::string got;
+        at::Tensor a, b;
+        try {
+          a = call_under(fixed, x.clone(), guard);  // (the in-place halo writes into it)
+          b = call_under(per_call, x.clone(), guard);
+        } catch (const std::exception& e) {
+          got = e.what();
+        }
+        EXPECT_TRUE(agreed(got.empty() && same_bits(a, b) && !a.requires_grad()))
+            << c.name << ", guard " << guard << ", debug " << debug << ", rank " << rank() << ": " << got;
+        const Outcome t = run(fixed, c.input(4, false), 5), u = run(per_call, c.input(4, false), 5);
+        EXPECT_TRUE(agreed(same_bits(t.y, u.y) && same_bits(t.dx, u.dx))) << c.name << ", debug " << debug;
+        if (debug && size() > 1) {
+          const std::string rule = raised_rule<ShapeError>(
+              [&] { call_under(fixed, c.input(6, false), rank() == size() - 1 ? guard : 0); });
+          EXPECT_TRUE(agreed(rule == rule_code::kGradMode)) << c.name << ", rank " << rank() << ": '" << rule << "'";
+        }
+      }
+  }
+}
+
+// The other way round: a promise made under grad mode off (a plan that
+// attaches nothing) is broken by an input that requires grad, which would
+// otherwise get no gradient.
+TEST_F(GradMode, AStaticLayerFirstCalledWithGradModeOffRefusesAGradient) {
+  const Verify verify(false);
+  for (const auto& c : cases()) {
+    const Layer fixed = c.make(everywhere(Shapes::kStatic));
+    {
+      torch::NoGradGuard g;
+      fixed(c.input(1, false));
+    }
+    // An input that wants no gradient keeps the promise.
+    EXPECT_TRUE(agreed(raised_rule<ShapeError>([&] { fixed(c.input(2, false) * 1); }).empty())) << c.name;
+    const std::string rule = raised_rule<ShapeError>([&] { run(fixed, c.input(3, false), 4); });
+    EXPECT_TRUE(agreed(rule == rule_code::kStaticShapes)) << c.name << ", rank " << rank() << ": '" << rule << "'";
+  }
 }
 
 TEST_F(StaticShapes, RanksMustMakeTheSameChoice) {

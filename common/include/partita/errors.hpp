@@ -57,6 +57,7 @@ inline constexpr const char* kStaticShapes = "input.static_shapes";  // a static
 inline constexpr const char* kMessageSize = "input.message_size";  // a receive's tensor vs its message
 inline constexpr const char* kInPlaceLeaf = "input.in_place_leaf";  // in-place call on a leaf requiring grad
 inline constexpr const char* kOutTensor = "input.out_tensor";  // an out= call's out refused
+inline constexpr const char* kGradMode = "input.grad_mode";  // grad wanted on one rank, grad mode off on another
 }  // namespace rule_code
 
 struct Error : std::runtime_error {

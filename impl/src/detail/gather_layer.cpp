@@ -63,7 +63,7 @@ std::shared_ptr<const GatherLayer::Compiled> GatherLayer::prepare(const at::Tens
   check_plan(P_x, name, claims(x, lengths));
   auto c = std::make_shared<Compiled>();
   c->lengths = std::move(lengths);
-  c->attach = any_requires_grad(headers);
+  c->attach = agree_attach(name, P_x, headers);
   plans.insert(headers, c);
   return c;
 }

@@ -113,10 +113,24 @@ void check_blocks_fit(const std::string& layer, const Partition& P_x,
   }
 }
 
-bool any_requires_grad(const std::vector<Header>& headers) {
-  for (const auto& h : headers)
-    if (h.requires_grad) return true;
-  return false;
+bool agree_attach(const std::string& layer, const Partition& P_union,
+                  const std::vector<Header>& headers, const Ranks& members) {
+  const Ranks& who = members.empty() ? P_union.workers() : members;
+  int wants = -1, off = -1;
+  for (const int w : who) {
+    const Header& h = header_of(P_union, headers, w);
+    if (h.requires_grad == Header::kWantsGrad && wants < 0) wants = w;
+    if (h.requires_grad == Header::kGradModeOff && off < 0) off = w;
+  }
+  if (wants >= 0 && off >= 0)
+    throw ShapeError(layer + ": worker " + std::to_string(wants) +
+                         " wants a gradient, but worker " + std::to_string(off) +
+                         " runs with grad mode off (torch::NoGradGuard or c10::InferenceMode), "
+                         "so it would record no backward and worker " + std::to_string(wants) +
+                         "'s backward would wait for it; turn grad mode on or off on every "
+                         "worker of the call alike",
+                     rule_code::kGradMode);
+  return wants >= 0;
 }
 
 }  // namespace partita::mpi::detail

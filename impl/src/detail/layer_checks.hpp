@@ -37,8 +37,14 @@ void check_blocks_fit(const std::string& layer, const Partition& P_x,
                       const std::vector<Ranks>& teams, const std::vector<Header>& headers,
                       int64_t dim, bool split);
 
-// Does any member's input require grad? (The same answer on every rank.)
-bool any_requires_grad(const std::vector<Header>& headers);
+// Whether a call attaches its adjoint on every member: some member's input
+// requires grad (the same answer on every rank). Raises ShapeError
+// (input.grad_mode) on every rank when one member wants a gradient and
+// another runs with grad mode off: that one would record no backward, and
+// the others' backward would wait for it. `members` (world ranks) limits
+// the question to one team; empty: every worker of P_union.
+bool agree_attach(const std::string& layer, const Partition& P_union,
+                  const std::vector<Header>& headers, const Ranks& members = {});
 
 // Every team of workers of P_x that differ only along `axes` (world ranks,
 // in P_x rank order): what each rank must know to check the others' inputs.

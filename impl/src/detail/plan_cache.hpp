@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/layer_checks.hpp"
 #include "detail/plan_check.hpp"
 #include "detail/static_shapes.hpp"
 #include "detail/team_comm.hpp"
@@ -34,6 +35,18 @@ namespace partita::mpi::detail {
 inline bool same_headers(const std::vector<Header>& a, const std::vector<Header>& b) {
   return a.size() == b.size() &&
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(Header)) == 0);
+}
+
+// `now` as the static-shapes promise of `first` covers it: a call under
+// grad mode off keeps any promise about requires_grad (it attaches nothing
+// whatever the plan says: a layer trained with grad is evaluated under
+// NoGradGuard), and one made under grad mode off (a plan that attaches
+// nothing) holds for an input that wants no gradient.
+inline Header as_promised(Header now, const Header& first) {
+  if (now.requires_grad == Header::kGradModeOff ||
+      (first.requires_grad == Header::kGradModeOff && now.requires_grad == Header::kNoGrad))
+    now.requires_grad = first.requires_grad;
+  return now;
 }
 
 // The static-shapes pieces that are not templates (static_shapes.cpp).
@@ -71,13 +84,14 @@ class PlanCache {
       if (first && (first->checked || !checked_mode())) {
         if (!check_static_shapes()) {
           const Header& was = first->headers.at(static_cast<size_t>(P.rank()));
-          if (!same_statement(mine, was))
+          if (!same_statement(as_promised(mine, was), was))
             raise_broken_promise(what, "worker " + std::to_string(P.workers()[P.rank()]),
                                  describe_header(was), describe_header(mine));
           return first->plan;
         }
         exchange_promised_headers(P, mine, true, what, gathered());
         check_header_promise(P, what, first->headers, gathered());
+        agree_attach(what, P, gathered());  // grad wanted on one rank, off on another
         return first->plan;
       }
     }

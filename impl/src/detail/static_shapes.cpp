@@ -34,7 +34,8 @@ std::string describe_header(const Header& h) {
                       ? "a " + dtype_string(h.scalar_type()) + " tensor of shape " +
                             shape_string(h.shape())
                       : "a tensor refused by the checks (status " + std::to_string(h.status) + ")";
-  if (h.requires_grad) s += " that requires grad";
+  if (h.requires_grad == Header::kWantsGrad) s += " that requires grad";
+  if (h.requires_grad == Header::kGradModeOff) s += " under grad mode off";
   if (!h.static_shapes) s += " without static shapes";
   return s;
 }
@@ -55,7 +56,10 @@ void exchange_promised_headers(const Partition& P, Header mine, bool promised,
 
 void check_header_promise(const Partition& P, const std::string& what,
                           const std::vector<Header>& first, const std::vector<Header>& now) {
-  check_promise(what, first, now, describe_header,
+  std::vector<Header> is;
+  for (size_t i = 0; i < now.size(); ++i)
+    is.push_back(i < first.size() ? as_promised(now[i], first[i]) : now[i]);
+  check_promise(what, first, is, describe_header,
                 [&](size_t i) { return "worker " + std::to_string(P.workers()[i]); });
 }
 

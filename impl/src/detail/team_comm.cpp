@@ -23,7 +23,7 @@ Header make_header(const at::Tensor& x) {
   h.dtype = static_cast<int64_t>(x.scalar_type());
   // Under NoGradGuard or InferenceMode no graph is recorded, as for
   // LibTorch's own ops: the call then attaches no adjoint (docs/output-reuse.md).
-  h.requires_grad = x.requires_grad() && at::GradMode::is_enabled() ? 1 : 0;
+  h.requires_grad = grad_statement(x.requires_grad());
   if (!dtype_supported(x.scalar_type())) h.status = Header::kBadDtype;
   if (x.dim() > kMaxTensorDims) {
     h.status = Header::kTooManyDims;
@@ -32,6 +32,11 @@ Header make_header(const at::Tensor& x) {
   h.ndim = x.dim();
   for (int d = 0; d < x.dim(); ++d) h.dims[d] = x.size(d);
   return h;
+}
+
+int64_t grad_statement(bool wants) {
+  if (!at::GradMode::is_enabled()) return Header::kGradModeOff;
+  return wants ? Header::kWantsGrad : Header::kNoGrad;
 }
 
 namespace {

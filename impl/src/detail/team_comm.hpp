@@ -27,7 +27,11 @@ struct Header {
   enum Status : int64_t { kOk = 0, kTooManyDims = 1, kBadDtype = 2, kInPlaceLeaf = 3 };
   int64_t status = kOk;
   int64_t dtype = 0;
-  int64_t requires_grad = 0;
+  // kWantsGrad: the input requires grad and grad mode is on; kGradModeOff:
+  // grad mode is off on this rank (torch::NoGradGuard, c10::InferenceMode),
+  // which can then attach no adjoint, whatever its input.
+  enum Grad : int64_t { kGradModeOff = -1, kNoGrad = 0, kWantsGrad = 1 };
+  int64_t requires_grad = kNoGrad;
   // 1 on the ranks of a layer made with Shapes::kStatic (docs/static-shapes.md):
   // every rank must say the same.
   int64_t static_shapes = 0;
@@ -40,6 +44,9 @@ struct Header {
 };
 
 Header make_header(const at::Tensor& x);
+// A header's requires_grad for a rank that `wants` a gradient (its input or
+// parameters require grad): kGradModeOff whenever grad mode is off.
+int64_t grad_statement(bool wants);
 
 // Allgather of every member's header over `P` (the union of a layer's
 // partitions) into `all`, in P's rank order. Inactive ranks get nothing.

@@ -85,7 +85,7 @@ std::shared_ptr<const TeamLayer::Compiled> TeamLayer::prepare(const at::Tensor& 
   auto c = std::make_shared<Compiled>();
   c->out_shape = std::move(out_shape);
   c->out_dtype = out_dtype;
-  c->attach = any_requires_grad(headers);
+  c->attach = agree_attach(name, P_union, headers);
   plans.insert(headers, c);
   return c;
 }

@@ -34,7 +34,7 @@ struct AllSumReduceLayer {
     check_same_shapes(name, P_x, groups, headers, "all-reduction team");
     if (team.size() > 1) check_volumes_fit(name, P_x, headers);
     auto c = std::make_shared<Compiled>();
-    c->attach = any_requires_grad(headers);
+    c->attach = agree_attach(name, P_x, headers);
     plans.insert(headers, c);
     return c;
   }

@@ -219,7 +219,7 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
     check_inputs(name, P_x, P_x, headers);
     auto p = std::make_shared<HaloPlan>();
     p->steps = plan(headers);
-    p->attach = any_requires_grad(headers);
+    p->attach = agree_attach(name, P_x, headers);
     // Every message's count, agreed before any is posted (issue 35 item 5);
     // the adjoint moves the same boxes the other way.
     int64_t largest = 0;

@@ -33,7 +33,7 @@ struct GradSum {
   bool check(const at::Tensor& x, bool grad) const {
     std::vector<Header> headers;
     Header mine = make_header(x);
-    mine.requires_grad = grad ? 1 : 0;  // (x's own history is at::layer_norm's)
+    mine.requires_grad = grad_statement(grad);  // (x's own history is at::layer_norm's)
     if (auto hit = plans.lookup(P_x, mine, name, headers)) return hit->attach;
     check_inputs(name, P_x, P_x, headers);
     auto c = std::make_shared<Compiled>();
@@ -44,8 +44,8 @@ struct GradSum {
                              "; its last dimension must be the " + std::to_string(features) +
                              " normalised features",
                          rule_code::kTilingDims);
-      c->attach = c->attach || headers[r].requires_grad != 0;
     }
+    c->attach = agree_attach(name, P_x, headers);
     plans.insert(headers, c);
     return c->attach;
   }

@@ -214,7 +214,7 @@ struct RepartitionLayer : std::enable_shared_from_this<RepartitionLayer> {
     c->p = plan(headers);
     c->dtype = header_of(P_union, headers, P_x.workers()[0]).scalar_type();
     c->x_shape = shape_of(x);
-    c->attach = any_requires_grad(headers);
+    c->attach = agree_attach(name, P_union, headers);
     int64_t sent = 0;
     for (const auto& s : c->p.sends) sent += s.slice.size();
     c->covers_x = sent == volume(c->x_shape);

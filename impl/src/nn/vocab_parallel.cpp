@@ -70,7 +70,7 @@ struct VocabTeam {
   std::shared_ptr<const Compiled> tokens(const at::Tensor& x, const char* what, bool grad = false) const {
     std::vector<Header> headers;
     Header mine = make_header(x);
-    mine.requires_grad = grad ? 1 : 0;
+    mine.requires_grad = grad_statement(grad);
     if (auto hit = token_plans.lookup(P, mine, name, headers)) return hit;
     check_inputs(name, P, P, headers);
     auto c = std::make_shared<Compiled>();
@@ -88,8 +88,8 @@ struct VocabTeam {
                              std::to_string(h.dims[0]),
                          rule_code::kTeamShapes);
       c->lengths.push_back(h.dims[1]);
-      c->attach = c->attach || h.requires_grad != 0;
     }
+    c->attach = agree_attach(name, P, headers, members);
     token_plans.insert(headers, c);
     return c;
   }
@@ -191,8 +191,8 @@ torch::Tensor VocabParallelCrossEntropyImpl::forward(const torch::Tensor& logits
                                "; they must be float [batch, tokens, " + std::to_string(rows) +
                                "] (its vocabulary rows), the same batch and tokens on every worker of the team",
                            rule_code::kTilingDims);
-        c->attach = c->attach || h.requires_grad != 0;
       }
+      c->attach = agree_attach(t.name, P_, headers, t.members);
       c->batch = first.dims[0];
       c->tokens = first.dims[1];
       t.logit_plans.insert(headers, c);
@@ -205,7 +205,13 @@ torch::Tensor VocabParallelCrossEntropyImpl::forward(const torch::Tensor& logits
                          std::to_string(tokens) + "] (batch, the team's tokens); they must agree",
                      rule_code::kTilingDims);
   const at::Tensor all = t.gather_tokens(targets, *plan, "targets");
-  const at::Tensor x = logits.detach();
+  // 16-bit logits are taken in float32, as Megatron-LM takes logits.float():
+  // the loss is float32 and the gradient is rounded back to the logits'
+  // dtype. (MPI_MAX on 16-bit floats, sent as MPI_UINT16_T, would compare
+  // bit patterns.)
+  const at::ScalarType in_dtype = logits.scalar_type();
+  const bool widen = in_dtype == at::kHalf || in_dtype == at::kBFloat16;
+  const at::Tensor x = widen ? logits.detach().to(at::kFloat) : logits.detach();
   at::Tensor m, S, z;
   {
     at::NoGradGuard no_grad;
@@ -229,7 +235,7 @@ torch::Tensor VocabParallelCrossEntropyImpl::forward(const torch::Tensor& logits
   const int64_t start = start_, rows = rows_;
   return with_adjoint(loss, logits, lp->attach, t.name + " adjoint",
                       [team = t.team, lengths = plan->lengths, what = t.name + " adjoint", x, m, S, all, start,
-                       rows](const at::Tensor& g) {
+                       rows, in_dtype](const at::Tensor& g) {
                         // Every token's loss gradient, from the worker that holds it.
                         detail::count_model_parallel((team.size() - 1) * detail::bytes(g));
                         const at::Tensor gall = allgather_dim(team, g.contiguous(), 1, lengths, what);
@@ -239,7 +245,7 @@ torch::Tensor VocabParallelCrossEntropyImpl::forward(const torch::Tensor& logits
                           const at::Tensor idx = at::where(in_mine, all - start, at::zeros_like(all));
                           grad.scatter_add_(-1, idx.unsqueeze(-1), -in_mine.to(grad.scalar_type()).unsqueeze(-1));
                         }
-                        return grad * gall.unsqueeze(-1);
+                        return (grad * gall.unsqueeze(-1)).to(in_dtype);
                       });
 }
 

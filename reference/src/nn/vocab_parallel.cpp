@@ -50,7 +50,10 @@ Tensors vocab_parallel_cross_entropy(const Partition& P, const Tensors& logits, 
       l.push_back(logits[w]);
       t.push_back(targets[w]);
     }
-    const at::Tensor whole = at::cat(l, 2), all = at::cat(t, 1);
+    at::Tensor whole = at::cat(l, 2);
+    const at::Tensor all = at::cat(t, 1);
+    // 16-bit logits: the loss in float32.
+    if (whole.scalar_type() == at::kHalf || whole.scalar_type() == at::kBFloat16) whole = whole.to(at::kFloat);
     check_ids(all, whole.size(2), "a target");
     // -log softmax at the target, written out.
     const at::Tensor loss = at::logsumexp(whole, -1) - whole.gather(-1, all.unsqueeze(-1)).squeeze(-1);
