@@ -193,6 +193,7 @@ TEST(LayerProperty, VocabParallelEmbeddingMatchesItsTwin) {
     m.parameters = {{"weight", {vocab, c.features}}};
     m.input_shapes = [&](int r) { return std::vector<Shape>{{rows, length(c.tokens, t, r)}}; };
     m.integer_inputs = {{0, at::kLong}};
+    m.integer_high = {{0, vocab}};
     m.twin = [&](const std::vector<Tensors>& xs, const ParameterMap& w) {
       Tensors pieces;
       for (const auto& x : xs) pieces.push_back(x[0]);
@@ -223,6 +224,7 @@ TEST(LayerProperty, VocabParallelCrossEntropyMatchesItsTwin) {
       return std::vector<Shape>{{rows, c.tokens, length(vocab, t, s)}, {rows, length(c.tokens, t, s)}};
     };
     m.integer_inputs = {{1, at::kLong}};
+    m.integer_high = {{1, vocab}};
     // The twin: each replica's whole logits and targets, log-softmax at the
     // target, cut by tokens.
     m.twin = [&](const std::vector<Tensors>& xs, const ParameterMap&) {

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -24,7 +26,8 @@ double Tolerance::of(at::ScalarType t) const {
   }
 }
 
-at::Tensor rank_input(uint64_t seed, int rank, const Shape& shape, at::ScalarType dtype) {
+at::Tensor rank_input(uint64_t seed, int rank, const Shape& shape, at::ScalarType dtype, int64_t high) {
+  if (high < 1) throw std::invalid_argument("rank_input: high must be at least 1");
   auto gen = at::detail::createCPUGenerator(seed * 1000003ull + static_cast<uint64_t>(rank) * 7919ull + 1);
   at::Tensor t;
   if (at::isFloatingType(dtype)) {
@@ -32,11 +35,16 @@ at::Tensor rank_input(uint64_t seed, int rank, const Shape& shape, at::ScalarTyp
   } else if (dtype == at::kBool) {
     t = at::randint(0, 2, shape, gen, at::TensorOptions(at::kLong)).to(at::kBool);
   } else {
-    t = at::randint(0, 8, shape, gen, at::TensorOptions(at::kLong)).to(dtype);
+    t = at::randint(0, high, shape, gen, at::TensorOptions(at::kLong)).to(dtype);
   }
-  // Never all zeros (an all-zero check proves nothing): set one element.
-  if (t.numel() > 0 && dtype != at::kBool && !t.ne(0).any().item<bool>())
-    t.view(-1)[0] = 1 + rank;
+  // Never all zeros (an all-zero check proves nothing): set one element,
+  // inside [0, high) (a bool to true). Only high = 1 leaves zeros.
+  if (t.numel() > 0 && !t.ne(0).any().item<bool>() && (dtype == at::kBool || high > 1)) {
+    if (dtype == at::kBool)
+      t.view(-1)[0] = true;
+    else
+      t.view(-1)[0] = 1 + rank % (high - 1);
+  }
   return t;
 }
 
@@ -171,7 +179,10 @@ std::string compare(const at::Tensor& got, const at::Tensor& want, const Toleran
            c10::toString(want.scalar_type());
   if (got.numel() == 0) return "";
   if (!at::isFloatingType(want.scalar_type()) || tol.bitwise()) {
-    if (!at::equal(got, want)) {
+    // Bitwise means bits: -0.0 is not +0.0, and a NaN equals the same NaN.
+    const at::Tensor gc = got.contiguous(), wc = want.contiguous();
+    const bool same = tol.bitwise() ? std::memcmp(gc.data_ptr(), wc.data_ptr(), gc.nbytes()) == 0 : at::equal(got, want);
+    if (!same) {
       std::ostringstream os;
       os << "values differ" << (tol.bitwise() ? " (bitwise)" : "") << ": got "
          << got.reshape(-1).slice(0, 0, 8) << " want " << want.reshape(-1).slice(0, 0, 8);
@@ -363,8 +374,13 @@ void check_all(const DistributedFunction& f, uint64_t seed, Verdict& v, const Ch
     if (o.backward() && at::isFloatingType(dtype))
       v.expect_empty(check_backward(f, dtype, seed, {}, o.tolerance()));
   }
-  if (o.backward() && mpi::world_size() > 1)  // rank 0's output reaches no loss
-    v.expect_empty(check_backward(f, at::kDouble, seed, {0}, o.tolerance()));
+  // Rank 0's output reaches no loss: in float64 if asked for, else in the
+  // first float dtype asked for.
+  std::optional<at::ScalarType> unused_dtype;
+  for (const auto dtype : o.dtypes())
+    if (at::isFloatingType(dtype) && (!unused_dtype || dtype == at::kDouble)) unused_dtype = dtype;
+  if (o.backward() && mpi::world_size() > 1 && unused_dtype)
+    v.expect_empty(check_backward(f, *unused_dtype, seed, {0}, o.tolerance()));
   if (o.adjoint()) v.expect_empty(check_adjoint(f, seed));
   if (o.unused_output()) v.expect_empty(check_unused_output(f, seed));
   if (o.finite_differences()) v.expect_empty(check_finite_differences(f, seed));

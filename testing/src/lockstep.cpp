@@ -146,13 +146,16 @@ bool check_lockstep_impl(const std::string& name,
   const MPI_Comm comm = harness_comm();
   bool first_failure = true;
   // Each case that misses a deadline costs the deadline's seconds; shrinking
-  // one could take minutes. After this many, the remaining shrink candidates
+  // one could take minutes. Once a case failed, after this many such cases
+  // (the failing one and shrink candidates), the remaining shrink candidates
   // are not run (they count as passing, so RapidCheck keeps the smallest
-  // case that really failed). A count, not a clock: every rank agrees on it.
+  // case that really failed). Cases before the first failure all run, also
+  // those that miss a deadline and pass (a property that expects the
+  // misses). A count, not a clock: every rank agrees on it.
   constexpr int kDeadlineCases = 3;
   int deadline_cases = 0;
   auto property = rc::detail::toProperty([&] {
-    if (deadline_cases >= kDeadlineCases) return;
+    if (!first_failure && deadline_cases >= kDeadlineCases) return;
     Verdict v;
     const long misses_before = mpi::deadline_misses();
     draw_and_run(v);
@@ -164,7 +167,7 @@ bool check_lockstep_impl(const std::string& name,
     harness_wait(req, lp, "verdict agreement");
     if (!global[1]) {
       renew_after_missed_deadline();  // stale operations stay on the old ones
-      ++deadline_cases;
+      if (!global[0] || !first_failure) ++deadline_cases;
     }
     if (global[0]) return;
     // Everyone learns what every failing rank saw, so the failure text (and

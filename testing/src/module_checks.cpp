@@ -77,7 +77,9 @@ std::vector<Tensors> draw_inputs(const DistributedModule& m, uint64_t seed) {
     const auto shapes = m.input_shapes(r);
     for (size_t j = 0; j < shapes.size(); ++j) {
       const auto it = m.integer_inputs.find(static_cast<int>(j));
-      mine.push_back(rank_input(seed + 31 * j, r, shapes[j], it == m.integer_inputs.end() ? m.dtype : it->second));
+      const auto high = m.integer_high.find(static_cast<int>(j));
+      mine.push_back(rank_input(seed + 31 * j, r, shapes[j], it == m.integer_inputs.end() ? m.dtype : it->second,
+                                high == m.integer_high.end() ? 8 : high->second));
     }
     xs.push_back(std::move(mine));
   }
@@ -341,7 +343,14 @@ std::string check_module_finite_differences(const DistributedModule& m, uint64_t
   if (m.dtype != at::kDouble) return m.name + " finite differences: the module must be built in float64";
   const auto shards = m.shards();
   const ParameterMap globals = draw_parameters(m, seed);
-  load(shards, globals);
+  std::string problem;
+  try {
+    load(shards, globals);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  if (!all_ranks(problem.empty()))
+    return m.name + " finite differences: " + (problem.empty() ? "another rank's shards" : problem);
   const Tensors x0 = draw_inputs(m, seed).at(me);
   Tensors v;
   auto loss = [&](const Tensors& x) {

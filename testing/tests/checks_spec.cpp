@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "partita/mpi/communicator.hpp"
@@ -108,6 +111,33 @@ TEST(Checks, EachDtypeIsHeldToItsOwnBound) {
   EXPECT_EQ(agree(check_forward(summed(Bug::float32_off), at::kFloat, 2, Tolerance().float32(1e-2))), "");
 }
 
+// Tolerance::exact() compares bits: -0.0 is not +0.0, a NaN is the same NaN.
+TEST(Checks, ExactMeansEqualBits) {
+  const at::Tensor x = at::linspace(-1, 1, 5, at::kDouble);
+  EXPECT_EQ(compare(x, x.clone(), Tolerance::exact()), "");
+  EXPECT_NE(compare(x + 1e-16, x, Tolerance::exact()), "");
+  EXPECT_NE(compare(at::full({2}, -0.0, at::kDouble), at::zeros({2}, at::kDouble), Tolerance::exact()), "")
+      << "-0.0 and +0.0 differ in bits";
+  const at::Tensor nan = at::full({2}, std::nan(""), at::kFloat);
+  EXPECT_EQ(compare(nan, nan.clone(), Tolerance::exact()), "") << "a NaN has the same bits as itself";
+}
+
+// check_all's forward and backward checks run only the dtypes asked for,
+// the unused-output backward included: a function made for float32 alone
+// passes them at float32 (the adjoint and unused-output checks are float64
+// by definition, and left out here).
+TEST(Checks, CheckAllRunsOnlyTheDtypesAskedFor) {
+  DistributedFunction f = summed(Bug::none);
+  const auto run = f.run;
+  f.run = [run](const at::Tensor& x) {
+    if (x.scalar_type() != at::kFloat) throw std::runtime_error("float32 only");
+    return run(x);
+  };
+  Verdict v;
+  check_all(f, 3, v, CheckOptions().dtypes({at::kFloat}).adjoint(false).unused_output(false));
+  EXPECT_EQ(agree(v.ok() ? "" : v.message()), "");
+}
+
 struct Seeded {
   explicit Seeded(int v) : value(v) {}
   int value;
@@ -159,6 +189,68 @@ TEST(Lockstep, ADeadlockFailsItsCaseAndTheNextRuns) {
   }
   const auto small = rc::gen::construct<Seeded>(rc::gen::inRange(0, 7));
   EXPECT_TRUE(check_lockstep<Seeded>("never deadlocks", small, run));
+}
+
+// Cases that miss a deadline and pass (a property expecting the misses)
+// all run: only shrinking stops after three cases that missed one.
+TEST(Lockstep, CasesThatMissADeadlineAndPassAllRun) {
+  if (mpi::world_size() < 2) GTEST_SKIP() << "a missed deadline needs two ranks";
+  if (mpi::deadline() <= 0) GTEST_SKIP() << "PARTITA_DEADLINE is not set";
+  const char* was = std::getenv("PARTITA_PROP_CASES");
+  const std::string saved = was ? was : "";
+  setenv("PARTITA_PROP_CASES", "5", 1);
+  int runs = 0;
+  bool passed = false;
+  {
+    ExpectedDeadlineMisses expected;
+    passed = check_lockstep<Seeded>("expects its misses", rc::gen::construct<Seeded>(rc::gen::inRange(0, 10)),
+                                    [&runs](const Seeded&, Verdict& v) {
+                                      ++runs;
+                                      if (mpi::world_rank() == 0) return;  // rank 0 never joins
+                                      try {
+                                        Comm::world().allreduce(at::ones({1}, at::kDouble), ReduceOp::kSum);
+                                        v.fail("the allreduce returned without rank 0");
+                                      } catch (const DeadlineError&) {
+                                        // expected
+                                      }
+                                    });
+  }
+  if (was)
+    setenv("PARTITA_PROP_CASES", saved.c_str(), 1);
+  else
+    unsetenv("PARTITA_PROP_CASES");
+  EXPECT_TRUE(passed);
+  EXPECT_EQ(runs, 5) << "rank " << mpi::world_rank();
+}
+
+// A body that throws what is not a std::exception (RapidCheck's RC_ASSERT
+// throws its own type) on one rank fails the case on every rank, in step:
+// the property reports it, and the next property runs.
+TEST(Lockstep, RapidChecksMacrosAndOtherThrowsFailTheCaseOnEveryRank) {
+  const int last = mpi::world_size() - 1;
+  for (const int kind : {0, 1}) {
+    auto run = [kind, last](const Seeded& s, Verdict& v) {
+      const at::Tensor x = rank_input(s.value, mpi::world_rank(), {2}, at::kDouble);
+      v.expect_empty(compare(Comm::world().allreduce(x, ReduceOp::kSum), Comm::world().allreduce(x, ReduceOp::kSum)));
+      if (mpi::world_rank() == last && s.value >= 3) {
+        if (kind == 0) RC_ASSERT(s.value < 3);
+        throw 42;
+      }
+    };
+    std::string report;
+    const auto gen = rc::gen::construct<Seeded>(rc::gen::inRange(0, 10));
+    const bool passed = check_lockstep<Seeded>("throws from 3", gen, run, &report);
+    EXPECT_FALSE(passed) << kind;
+    if (mpi::world_rank() == 0)
+      EXPECT_NE(report.find(kind == 0 ? "RC_ASSERT or RC_FAIL" : "an exception that is not a std::exception"),
+                std::string::npos)
+          << report;
+  }
+  const auto small = rc::gen::construct<Seeded>(rc::gen::inRange(0, 3));
+  EXPECT_TRUE(check_lockstep<Seeded>("never throws", small, [](const Seeded& s, Verdict& v) {
+    const at::Tensor x = rank_input(s.value, mpi::world_rank(), {2}, at::kDouble);
+    v.expect(Comm::world().allreduce(x, ReduceOp::kSum).numel() == 2, "two elements");
+  }));
 }
 
 }  // namespace

@@ -8,6 +8,11 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "partita/mpi/runtime.hpp"
 #include "partita/testing/module_checks.hpp"
 
@@ -110,6 +115,15 @@ TEST(ModuleChecks, AShardOutsideItsParameterIsNamed) {
   m.parameters["c"] = {mpi::world_size() - 1 > 0 ? mpi::world_size() - 1 : 0};
   const std::string why = agree(check_module_forward(m, 5));
   EXPECT_NE(why.find("lies outside the global shape"), std::string::npos) << why;
+  // The others raise it too, and in step: one rank's bad shard is every
+  // rank's verdict (no rank waits in a collective the failing one left).
+  for (const auto& [what, f] : std::vector<std::pair<std::string, std::function<std::string()>>>{
+           {"backward", [&] { return check_module_backward(m, 5); }},
+           {"adjoint", [&] { return check_module_adjoint(m, 5, Wrt::Parameters); }},
+           {"finite differences", [&] { return check_module_finite_differences(m, 5); }}}) {
+    const std::string got = agree(f());
+    EXPECT_NE(got.find("lies outside the global shape"), std::string::npos) << what << ": " << got;
+  }
 }
 
 }  // namespace

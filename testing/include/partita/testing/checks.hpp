@@ -66,10 +66,12 @@ struct Tolerance {
   double of(at::ScalarType t) const;
 };
 
-// Rank `rank`'s tensor drawn from `seed`: normal values for floats, 0..7 for
-// integers, random booleans; never all zeros for a non-empty shape (an
-// all-zero check proves nothing), and different on every rank.
-at::Tensor rank_input(uint64_t seed, int rank, const Shape& shape, at::ScalarType dtype);
+// Rank `rank`'s tensor drawn from `seed`: normal values for floats, integers
+// in [0, high) (0..7 by default), random booleans; never all zeros (all
+// false) for a non-empty shape unless high is 1 (an all-zero check proves
+// nothing); drawn from (seed, rank), so each rank's is its own draw (two
+// small integer tensors may still come out equal).
+at::Tensor rank_input(uint64_t seed, int rank, const Shape& shape, at::ScalarType dtype, int64_t high = 8);
 
 // "" when `got` equals `want` within `tol` (shape and dtype too); otherwise
 // what differed. An all-zero `got` where `want` is not zero within the

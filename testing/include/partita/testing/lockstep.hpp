@@ -122,6 +122,17 @@ bool check_lockstep(const std::string& name, rc::Gen<Case> gen,
           body(c, v);
         } catch (const std::exception& e) {
           v.fail(std::string("exception: ") + e.what());
+        } catch (const rc::detail::CaseResult& r) {
+          // RapidCheck's RC_ macros throw these: a rank alone would shrink
+          // or discard while the others wait. A failure is this rank's;
+          // nothing else is the lockstep's to decide.
+          if (r.type == rc::detail::CaseResult::Type::Failure)
+            v.fail("RC_ASSERT or RC_FAIL: " + r.description);
+          else if (r.type == rc::detail::CaseResult::Type::Discard)
+            v.fail("RC_PRE or RC_DISCARD cannot discard a case in lockstep (every rank would have to): " +
+                   r.description);
+        } catch (...) {
+          v.fail("an exception that is not a std::exception");
         }
       },
       report, seed_offset);

@@ -61,9 +61,12 @@ struct DistributedModule {
   // under test.
   std::function<std::vector<Tensors>(const std::vector<Tensors>& inputs, const ParameterMap& parameters)> twin;
   // The float dtype of the parameters and inputs; inputs listed here are of
-  // an integer dtype instead (token ids: drawn in 0..7, no gradient).
+  // an integer dtype instead (token ids: no gradient), drawn in [0, high)
+  // with high from integer_high (8 for an input not listed there: give a
+  // vocabulary's size, so that every worker's rows are looked up).
   at::ScalarType dtype = at::kDouble;
   std::map<int, at::ScalarType> integer_inputs;
+  std::map<int, int64_t> integer_high;
 };
 
 // Forward: the shards are the slices of the drawn global parameters (every
