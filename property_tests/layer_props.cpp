@@ -403,6 +403,18 @@ TEST(LayerProperty, TransformerLayersRefuseOnEveryRank) {
   nn::SeededDropout drop(tokens, nn::DropoutOptions().p(0.5));
   expect(refused([&] { drop->forward(last ? at::zeros({2, 2}) : at::zeros({2, 2, 3})); }),
          "world rank " + std::to_string(p - 1) + " holds x of shape 2x2; it must have 3 dimensions, as P has");
+  // The attention's x split otherwise than its reduce-scatter splits y
+  // (rank 0 one token more, the last one less): refused before anything
+  // moves, where y would have come back split otherwise than x.
+  if (p > 1) {
+    nn::ParallelSelfAttention attn(tokens, features, 4 * p, p, nn::LinearOptions().dtype(at::kDouble));
+    const int64_t mine = r == 0 ? 3 : last ? 1 : 2;
+    std::string all = "[3";
+    for (int q = 1; q < p; ++q) all += q == p - 1 ? ",1" : ",2";
+    expect(refused([&] { attn->forward(at::zeros({1, mine, 4 * p}, at::kDouble)); }),
+           "hold " + all + "] of the " + std::to_string(2 * p) + " tokens; the output is split as its reduce-scatter");
+    EXPECT_EQ(attn->forward(at::zeros({1, 2, 4 * p}, at::kDouble)).sizes(), (at::IntArrayRef{1, 2, 4 * p}));
+  }
   // And a good call works afterwards.
   EXPECT_EQ(norm->forward(at::zeros({2, 2, 3}, at::kDouble)).sizes(), (at::IntArrayRef{2, 2, 3}));
 }

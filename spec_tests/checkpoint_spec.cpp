@@ -337,6 +337,7 @@ TEST(Checkpoint, ModuleLoadsWithoutTheOptimizerSaved) {
       EXPECT_TRUE(t.dtype == "I64" && t.shape.empty()) << t.dtype;
     }
   EXPECT_EQ(c.info.counters.count("rng.drop.calls"), 1u);
+  EXPECT_EQ(c.info.counters.count("rng.drop.seed"), 1u);
   // Only the optimizer's entries are left unread: a model without the
   // LayerNorm is refused the checkpoint's "norm.*".
   auto part = std::make_shared<torch::nn::Module>();
@@ -344,6 +345,24 @@ TEST(Checkpoint, ModuleLoadsWithoutTheOptimizerSaved) {
   part->to(at::kDouble);
   EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(tmp / "with_adam", part); }),
                   "the checkpoint holds \"norm.");
+}
+
+// A dropout reseeded before the save resumes with its seed and its count:
+// the loaded layer's next mask is the saved one's next mask (a fresh
+// layer keeps seed 3 until the load).
+TEST(Checkpoint, ADropoutResumesWithItsSeedAndItsCount) {
+  TempDir tmp;
+  auto net = std::make_shared<Net>();
+  net->drop->reseed(uint64_t{1} << 63 | 7);  // (a seed above INT64_MAX: the bits travel)
+  const at::Tensor x = at::ones({2, 3}, at::kDouble);
+  net->drop->forward(x);
+  checkpoint::save(tmp / "c", net);
+  auto fresh = std::make_shared<Net>();
+  checkpoint::load(tmp / "c", fresh);
+  EXPECT_EQ(fresh->drop->seed(), net->drop->seed());
+  EXPECT_EQ(fresh->drop->calls(), 1u);
+  const at::Tensor want = net->drop->forward(x), got = fresh->drop->forward(x);
+  EXPECT_TRUE(at::equal(got, want)) << got << "\nfor " << want;
 }
 
 // Adam's state saved without amsgrad, loaded into an Adam with amsgrad:

@@ -25,11 +25,13 @@
 #include <tuple>
 #include <vector>
 
+#include "partita/mpi/communicator.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/dropout.hpp"
 #include "partita/nn/layer_norm.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/smp.hpp"
+#include "partita/smp/communicators.hpp"
 #include "partita/smp/pipeline.hpp"
 #include "partita/smp/step.hpp"
 #include "partita/smp/tensor_parallel.hpp"
@@ -615,6 +617,41 @@ std::string usage_error(F&& f) {
 
 #define EXPECT_RAISED(text, needle) \
   EXPECT_NE((text).find(needle), std::string::npos) << "world rank " << mpi::world_rank() << " saw: " << (text)
+
+// Replicas start alike, as DistributedDataParallel makes them: a model
+// whose plain parameters each rank drew from its own seed holds dp rank
+// 0's values on every replica once the DistributedModel is built (the
+// parameters it averages; partita's stored Linear layers live on replica
+// 0 alone).
+TEST(ThreeD, ReplicasStartFromTheFirstReplicasParameters) {
+  const int n = mpi::world_size();
+  if (n == 1) GTEST_SKIP() << "one rank: one replica";
+  smp::Config config;
+  config.partitions(n >= 4 ? 2 : 1);
+  smp::init(config);
+  torch::manual_seed(500 + mpi::world_rank());  // every rank its own values
+  torch::nn::Sequential seq(torch::nn::Linear(kHidden, kHidden), torch::nn::Tanh(), torch::nn::Linear(kHidden, kHidden),
+                            torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})));
+  for (auto& p : seq->parameters()) {
+    at::NoGradGuard g;
+    p.uniform_(-1, 1);  // (the LayerNorm's too)
+  }
+  smp::DistributedModel model(seq);
+  // Each parameter's values on every replica against dp rank 0's: gathered
+  // over the dp group, every replica compares.
+  const auto dp = mpi::Communicator::wrap(smp::communicator(smp::DP_GROUP));
+  int64_t compared = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    const at::Tensor mine = p.detach().to(at::kDouble).reshape({1, -1});
+    const at::Tensor all = dp.allgather(mine, 0);  // [dp, numel]
+    for (int64_t r = 1; r < all.size(0); ++r)
+      EXPECT_TRUE(at::equal(all[r], all[0])) << name << ": replica " << r << " differs from replica 0 (rank "
+                                             << mpi::world_rank() << ")";
+    ++compared;
+  }
+  EXPECT_GT(compared, 0);
+  EXPECT_GT(smp::dp_size(), 1);
+}
 
 // Bad input (issue 32 item 6): models that do not fit the 3-D layout raise
 // smp::UsageError on every rank when the DistributedModel is built (before

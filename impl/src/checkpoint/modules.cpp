@@ -6,6 +6,7 @@
 #include <torch/optim/sgd.h>
 
 #include <functional>
+#include <optional>
 #include <set>
 
 #include "partita/checkpoint.hpp"
@@ -178,6 +179,7 @@ OptimizerShards optimizer_shards(torch::optim::Optimizer* opt, const std::vector
 }
 
 std::string dropout_counter(const std::string& name) { return "rng." + name + ".calls"; }
+std::string dropout_seed(const std::string& name) { return "rng." + name + ".seed"; }
 
 }  // namespace
 
@@ -204,8 +206,10 @@ void save_modules(const std::string& dir, const std::vector<std::pair<std::strin
     OptimizerShards o = optimizer_shards(optimizer, shards, nullptr);
     shards.insert(shards.end(), o.shards.begin(), o.shards.end());
     for_each_module(roots, [&](const std::string& path, const std::shared_ptr<torch::nn::Module>& m) {
-      if (auto d = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(m))
+      if (auto d = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(m)) {
         info.counters[dropout_counter(path)] = static_cast<int64_t>(d->calls());
+        info.counters[dropout_seed(path)] = static_cast<int64_t>(d->seed());  // (the bits of a uint64)
+      }
     });
   } catch (const std::exception& e) {
     error = e.what();
@@ -221,7 +225,12 @@ Info load_modules(const std::string& dir, const std::vector<std::pair<std::strin
   for (const auto& t : c.tensors) in_file.insert(t.name);
   std::vector<Shard> shards;
   OptimizerShards o;
-  std::vector<std::pair<std::shared_ptr<nn::SeededDropoutImpl>, int64_t>> dropouts;
+  struct Drawn {
+    std::shared_ptr<nn::SeededDropoutImpl> layer;
+    int64_t calls;
+    std::optional<int64_t> seed;  // (a checkpoint written before seeds were saved has none)
+  };
+  std::vector<Drawn> dropouts;
   std::string error;
   try {
     shards = module_shards(roots);
@@ -232,7 +241,9 @@ Info load_modules(const std::string& dir, const std::vector<std::pair<std::strin
         const auto it = c.info.counters.find(dropout_counter(path));
         if (it == c.info.counters.end())
           throw CheckpointError("no dropout count \"" + dropout_counter(path) + "\" for the SeededDropout \"" + path + "\"");
-        dropouts.emplace_back(d, it->second);
+        const auto seed = c.info.counters.find(dropout_seed(path));
+        dropouts.push_back({d, it->second, seed == c.info.counters.end() ? std::nullopt
+                                                                           : std::optional<int64_t>(seed->second)});
       }
     });
   } catch (const std::exception& e) {
@@ -244,7 +255,10 @@ Info load_modules(const std::string& dir, const std::vector<std::pair<std::strin
   if (!optimizer) options.unread_prefix = "optimizer.";
   Info info = load(dir, shards, options);
   for (auto& f : o.finish) f();
-  for (auto& [d, calls] : dropouts) d->set_calls(static_cast<uint64_t>(calls));
+  for (auto& d : dropouts) {
+    if (d.seed) d.layer->reseed(static_cast<uint64_t>(*d.seed));
+    d.layer->set_calls(static_cast<uint64_t>(d.calls));
+  }
   return info;
 }
 

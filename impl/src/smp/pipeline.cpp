@@ -983,6 +983,44 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     }
   }
 
+  // The replicas start alike, as DistributedDataParallel makes them: every
+  // parameter the replicas average (all but those of partita's layers that
+  // sum their copies' gradients or hold other blocks per replica) takes dp
+  // rank 0's values, one broadcast over the dp group each. Every replica
+  // built the same model (agreed in split_into_stages), so every one posts
+  // the same broadcasts.
+  void start_replicas_alike() {
+    if (dp_size() == 1) return;
+    std::vector<at::Tensor> params;
+    std::unordered_set<const void*> seen;  // a tied tensor once
+    for (int c = 0; c < v; ++c)
+      for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
+        for (auto& p : detail::replicated_parameters(children[i]))
+          if (seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+    const MPI_Comm dpc = communicator(DP_GROUP);
+    const std::string what = "smp::DistributedModel stage " + std::to_string(stage) + " of " +
+                             std::to_string(stages) + ": the first replica's parameters, broadcast at construction";
+    at::NoGradGuard no_grad;
+    for (auto& p : params) {
+      if (p.numel() == 0) continue;
+      MPI_Datatype type = MPI_UINT8_T;
+      switch (p.element_size()) {
+        case 2: type = MPI_UINT16_T; break;
+        case 4: type = MPI_UINT32_T; break;
+        case 8: type = MPI_UINT64_T; break;
+        case 1: break;
+        default: throw UsageError(what + ": a parameter of dtype " + std::string(c10::toString(p.scalar_type())) +
+                                  " cannot be sent");
+      }
+      at::Tensor buf = p.is_contiguous() ? p : p.contiguous();
+      const int count = mpi_units(buf.numel(), "elements", what);
+      MPI_Request req;
+      PARTITA_MPI_CHECK(MPI_Ibcast(buf.data_ptr(), count, type, 0, dpc, &req));
+      mpi::wait(req, what.c_str());
+      if (!buf.is_same(p)) p.copy_(buf);
+    }
+  }
+
   void all_reduce_gradients() {
     const int dp = dp_size();
     if (dp == 1) return;
@@ -1193,6 +1231,7 @@ DistributedModel::DistributedModel(std::shared_ptr<torch::nn::Module> model, std
   m.calls = std::move(st.calls);
   m.raw = communicator(PP_GROUP);
   m.comm = mpi::Communicator::wrap(m.raw);
+  m.start_replicas_alike();
 }
 
 at::Tensor DistributedModel::operator()(const at::Tensor& x) {

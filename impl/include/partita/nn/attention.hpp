@@ -23,6 +23,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <memory>
+
 #include "partita/mpi/partition.hpp"
 #include "partita/nn/linear.hpp"
 
@@ -43,6 +45,8 @@ class ParallelSelfAttentionImpl : public torch::nn::Module {
  private:
   mpi::Partition P_tokens_;
   int64_t hidden_, heads_;
+  // The agreement on x's token split (attention.cpp).
+  std::shared_ptr<const void> split_;
 };
 TORCH_MODULE(ParallelSelfAttention);
 

@@ -48,6 +48,7 @@ class SeededDropoutImpl : public torch::nn::Module {
   // Starts the count of calls again (and changes the seed).
   void reseed(uint64_t seed);
   uint64_t calls() const { return calls_; }
+  uint64_t seed() const { return options_.seed(); }
   // Sets the count of calls made (a resumed run: the count a checkpoint
   // saved), so the next call draws the mask it would have drawn.
   void set_calls(uint64_t calls) { calls_ = calls; }
