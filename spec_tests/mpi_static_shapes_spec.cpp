@@ -270,8 +270,10 @@ TEST_F(StaticShapes, WithoutTheDebugSettingTheOthersWaitForTheRankThatRaised) {
 using GradMode = StaticShapes;
 
 // This rank's call of `layer` on `x`: under `guard` (0: none, 1:
-// NoGradGuard, 2: InferenceMode), else with x requiring grad.
+// NoGradGuard, 2: InferenceMode; 3: none, x not requiring grad), else with
+// x requiring grad.
 at::Tensor call_under(const Layer& layer, const at::Tensor& x, int guard) {
+  if (guard == 3) return layer(x.clone());
   if (guard == 1) {
     torch::NoGradGuard g;
     return layer(x);
@@ -330,6 +332,16 @@ TEST_F(GradMode, AStaticLayerTrainedWithGradIsEvaluatedWithGradModeOff) {
           const std::string rule = raised_rule<ShapeError>(
               [&] { call_under(fixed, c.input(6, false), rank() == size() - 1 ? guard : 0); });
           EXPECT_TRUE(agreed(rule == rule_code::kGradMode)) << c.name << ", rank " << rank() << ": '" << rule << "'";
+          // A first call where the last rank's input wants no gradient
+          // (its plan attaches on every rank), then the others under grad
+          // mode off: each keeps its own promise, but the last rank alone
+          // would record the adjoint.
+          const Layer mixed_first = c.make(everywhere(Shapes::kStatic));
+          call_under(mixed_first, c.input(7, false), rank() == size() - 1 ? 3 : 0);
+          const std::string mixed = raised_rule<ShapeError>(
+              [&] { call_under(mixed_first, c.input(8, false), rank() == size() - 1 ? 3 : guard); });
+          EXPECT_TRUE(agreed(mixed == rule_code::kGradMode))
+              << c.name << ", rank " << rank() << ": '" << mixed << "'";
         }
       }
   }

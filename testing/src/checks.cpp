@@ -180,7 +180,8 @@ std::string compare(const at::Tensor& got, const at::Tensor& want, const Toleran
   if (got.numel() == 0) return "";
   if (!at::isFloatingType(want.scalar_type()) || tol.bitwise()) {
     // Bitwise means bits: -0.0 is not +0.0, and a NaN equals the same NaN.
-    const at::Tensor gc = got.contiguous(), wc = want.contiguous();
+    const at::Tensor gc = got.resolve_conj().resolve_neg().contiguous(),
+                     wc = want.resolve_conj().resolve_neg().contiguous();
     const bool same = tol.bitwise() ? std::memcmp(gc.data_ptr(), wc.data_ptr(), gc.nbytes()) == 0 : at::equal(got, want);
     if (!same) {
       std::ostringstream os;

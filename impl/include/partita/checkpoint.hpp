@@ -132,7 +132,8 @@ std::vector<Shard> module_shards(const NamedModules& roots);
 // ".exp_avg", ".exp_avg_sq" (".max_exp_avg_sq" with amsgrad) and ".step",
 // or ".momentum_buffer", blocks of the parameter's global shape. Each
 // nn::SeededDropout's count of calls is the counter "rng." + name +
-// ".calls". Counters are merged over the ranks (a name with two values is
+// ".calls", its seed "rng." + name + ".seed" (the 64 bits as an int64;
+// a checkpoint without it leaves the seed as built). Counters are merged over the ranks (a name with two values is
 // refused).
 void save_modules(const std::string& dir, const NamedModules& roots, torch::optim::Optimizer* optimizer = nullptr,
                   Info info = {});

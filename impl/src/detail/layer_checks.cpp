@@ -113,6 +113,26 @@ void check_blocks_fit(const std::string& layer, const Partition& P_x,
   }
 }
 
+void check_grad_modes_alike(const std::string& layer, const Partition& P_union,
+                            const std::vector<Header>& headers) {
+  int on = -1, off = -1;
+  for (size_t u = 0; u < headers.size(); ++u) {
+    const int w = P_union.workers()[u];
+    if (headers[u].requires_grad == Header::kGradModeOff) {
+      if (off < 0) off = w;
+    } else if (on < 0) {
+      on = w;
+    }
+  }
+  if (on >= 0 && off >= 0)
+    throw ShapeError(layer + ": the plan of the first call attaches the adjoint, and worker " + std::to_string(on) +
+                         " would record it while worker " + std::to_string(off) +
+                         " runs with grad mode off (torch::NoGradGuard or c10::InferenceMode) and records "
+                         "nothing, so worker " + std::to_string(on) +
+                         "'s backward would wait for it; turn grad mode on or off on every worker alike",
+                     rule_code::kGradMode);
+}
+
 bool agree_attach(const std::string& layer, const Partition& P_union,
                   const std::vector<Header>& headers, const Ranks& members) {
   const Ranks& who = members.empty() ? P_union.workers() : members;

@@ -45,6 +45,11 @@ void check_blocks_fit(const std::string& layer, const Partition& P_x,
 // the question to one team; empty: every worker of P_union.
 bool agree_attach(const std::string& layer, const Partition& P_union,
                   const std::vector<Header>& headers, const Ranks& members = {});
+// For a plan that attaches its adjoint (static shapes): ShapeError
+// (input.grad_mode) on every rank unless every member's grad mode is on or
+// every one's is off.
+void check_grad_modes_alike(const std::string& layer, const Partition& P_union,
+                            const std::vector<Header>& headers);
 
 // Every team of workers of P_x that differ only along `axes` (world ranks,
 // in P_x rank order): what each rank must know to check the others' inputs.

@@ -90,8 +90,15 @@ class PlanCache {
           return first->plan;
         }
         exchange_promised_headers(P, mine, true, what, gathered());
-        check_header_promise(P, what, first->headers, gathered());
         agree_attach(what, P, gathered());  // grad wanted on one rank, off on another
+        check_header_promise(P, what, first->headers, gathered());
+        // A first plan that attaches the adjoint attaches it on every rank
+        // whose grad mode is on: then every rank's must be on, or off.
+        for (const Header& h : first->headers)
+          if (h.requires_grad == Header::kWantsGrad) {
+            check_grad_modes_alike(what, P, gathered());
+            break;
+          }
         return first->plan;
       }
     }

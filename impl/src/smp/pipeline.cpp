@@ -1016,7 +1016,12 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       const int count = mpi_units(buf.numel(), "elements", what);
       MPI_Request req;
       PARTITA_MPI_CHECK(MPI_Ibcast(buf.data_ptr(), count, type, 0, dpc, &req));
-      mpi::wait(req, what.c_str());
+      try {
+        mpi::wait(req, what.c_str());
+      } catch (...) {
+        mpi::keep_forever(buf);  // MPI may still write it when a late peer joins
+        throw;
+      }
       if (!buf.is_same(p)) p.copy_(buf);
     }
   }

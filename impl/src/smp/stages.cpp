@@ -63,7 +63,7 @@ std::string list_text(const std::vector<int>& v) {
 
 // What every rank must have built alike, one layer: its type, the types
 // inside it, the distributed layers' sizes and partitions, and the shapes
-// of the parameters every replica holds whole.
+// and dtypes of the parameters every replica holds whole.
 std::string describe_layer(const std::shared_ptr<torch::nn::Module>& m) {
   std::ostringstream os;
   os << m->name();
@@ -87,7 +87,7 @@ std::string describe_layer(const std::shared_ptr<torch::nn::Module>& m) {
     if (sharded.count(p.unsafeGetTensorImpl())) continue;
     os << " [";
     for (int64_t i = 0; i < p.dim(); ++i) os << (i ? "x" : "") << p.size(i);
-    os << "]";
+    os << " " << c10::toString(p.scalar_type()) << "]";  // (the replicas' broadcast at construction sends them alike)
   }
   return os.str();
 }

@@ -69,7 +69,9 @@ TORCH_MODULE(VocabParallelEmbedding);
 class VocabParallelCrossEntropyImpl : public torch::nn::Module {
  public:
   VocabParallelCrossEntropyImpl(const mpi::Partition& P, int64_t vocab);
-  // logits [batch, tokens, vocab_s] (float), targets int64 [batch, tokens_s].
+  // logits [batch, tokens, vocab_s] (float), targets int64 [batch, tokens_s]:
+  // each token's loss [batch, tokens_s], float32 for 16-bit logits (taken
+  // in float32), else the logits' dtype.
   torch::Tensor forward(const torch::Tensor& logits, const torch::Tensor& targets);
 
   int64_t vocab() const { return vocab_; }
