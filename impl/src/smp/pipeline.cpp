@@ -997,32 +997,13 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
         for (auto& p : detail::replicated_parameters(children[i]))
           if (seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
-    const MPI_Comm dpc = communicator(DP_GROUP);
-    const std::string what = "smp::DistributedModel stage " + std::to_string(stage) + " of " +
-                             std::to_string(stages) + ": the first replica's parameters, broadcast at construction";
+    // partita's own broadcast: its shape agreement (checked mode), waits,
+    // deadlines and 16-bit dtypes, written into p where p is contiguous.
+    const mpi::Communicator dp = mpi::Communicator::wrap(communicator(DP_GROUP));
     at::NoGradGuard no_grad;
     for (auto& p : params) {
-      if (p.numel() == 0) continue;
-      MPI_Datatype type = MPI_UINT8_T;
-      switch (p.element_size()) {
-        case 2: type = MPI_UINT16_T; break;
-        case 4: type = MPI_UINT32_T; break;
-        case 8: type = MPI_UINT64_T; break;
-        case 1: break;
-        default: throw UsageError(what + ": a parameter of dtype " + std::string(c10::toString(p.scalar_type())) +
-                                  " cannot be sent");
-      }
-      at::Tensor buf = p.is_contiguous() ? p : p.contiguous();
-      const int count = mpi_units(buf.numel(), "elements", what);
-      MPI_Request req;
-      PARTITA_MPI_CHECK(MPI_Ibcast(buf.data_ptr(), count, type, 0, dpc, &req));
-      try {
-        mpi::wait(req, what.c_str());
-      } catch (...) {
-        mpi::keep_forever(buf);  // MPI may still write it when a late peer joins
-        throw;
-      }
-      if (!buf.is_same(p)) p.copy_(buf);
+      const at::Tensor got = dp.bcast_(p, 0);
+      if (got.data_ptr() != p.data_ptr()) p.copy_(got);
     }
   }
 
