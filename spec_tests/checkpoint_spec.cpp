@@ -29,6 +29,7 @@
 #include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
 #include "partita/nn/dropout.hpp"
+#include "partita/nn/layer_norm.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/testing/checks.hpp"
 
@@ -365,6 +366,54 @@ TEST(Checkpoint, ADropoutResumesWithItsSeedAndItsCount) {
   EXPECT_TRUE(at::equal(got, want)) << got << "\nfor " << want;
 }
 
+// partita's layers built on part of the world: the ranks outside their
+// partition hold nothing of them (docs/checkpoints.md), so a checkpoint
+// keeps the partition's trained LayerNorm, not a lower rank's untrained
+// copy, and a dropout's count is its partition's (the other ranks' zero
+// would disagree with it).
+TEST(Checkpoint, ALayerOnPartOfTheWorldKeepsItsPartitionsValues) {
+  const int n = mpi::world_size(), r = mpi::world_rank();
+  if (n == 1) GTEST_SKIP() << "needs a rank outside the partition";
+  TempDir tmp;
+  const auto P = mpi::Partition::world().create_partition_inclusive({n - 1}).create_cartesian_topology_partition({1, 1});
+  const auto make = [&] {
+    auto net = std::make_shared<torch::nn::Module>();
+    net->register_module("norm", nn::SequenceParallelLayerNorm(P, 3, nn::LayerNormOptions().dtype(at::kDouble)));
+    net->register_module("drop", nn::SeededDropout(P, nn::DropoutOptions().p(0.5).seed(9)));
+    return net;
+  };
+  const auto norm_of = [](const std::shared_ptr<torch::nn::Module>& net) {
+    return std::dynamic_pointer_cast<nn::SequenceParallelLayerNormImpl>(net->named_children()["norm"]);
+  };
+  const auto drop_of = [](const std::shared_ptr<torch::nn::Module>& net) {
+    return std::dynamic_pointer_cast<nn::SeededDropoutImpl>(net->named_children()["drop"]);
+  };
+  auto net = make();
+  if (r == n - 1) {  // the partition trains; no other rank takes part
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.5));
+    const at::Tensor x = at::linspace(-1, 2, 6, at::kDouble).reshape({2, 3});
+    drop_of(net)->forward(norm_of(net)->forward(x)).pow(3).sum().backward();
+    opt.step();
+  }
+  std::string error;
+  try {
+    checkpoint::save(tmp / "part", net);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_EQ(error, "") << "rank " << r;
+  if (!error.empty()) return;
+  auto fresh = make();
+  checkpoint::load(tmp / "part", fresh);
+  if (r == n - 1) {
+    EXPECT_TRUE(at::equal(norm_of(fresh)->weight, norm_of(net)->weight))
+        << norm_of(fresh)->weight << " for the trained " << norm_of(net)->weight;
+    EXPECT_TRUE(at::equal(norm_of(fresh)->bias, norm_of(net)->bias));
+    EXPECT_FALSE(at::equal(norm_of(net)->weight, at::ones({3}, at::kDouble)));  // it trained
+    EXPECT_EQ(drop_of(fresh)->calls(), 1u);
+  }
+}
+
 // Adam's state saved without amsgrad, loaded into an Adam with amsgrad:
 // the maximum of the second moments starts afresh at zero, in a fresh
 // optimizer and in one that had its own, and the next steps run.
@@ -565,6 +614,35 @@ TEST(CheckpointErrors, EveryRankRaisesTheSameError) {
   edit(bad_manifest + "/manifest.json", [](std::string& m) { m.insert(0, "#"); });
   const std::string manifest_error = raised<CheckpointError>([&] { checkpoint::load(bad_manifest, two_tensors()); });
   EXPECT_EQ(manifest_error.rfind(bad_manifest + ": manifest.json: not valid JSON", 0), 0u) << manifest_error;
+  // Brackets nested 200,000 deep in the manifest (and so in a header): one
+  // message, not a stack overflow while naming the value.
+  const std::string deep = copy("deep");
+  replace_once(deep + "/manifest.json", "\"version\": 1", "\"version\": " + std::string(200000, '[') + std::string(200000, ']'));
+  EXPECT_CONTAINS(raised<CheckpointError>([&] { checkpoint::load(deep, two_tensors()); }),
+                  "manifest.json: not valid JSON for partita: arrays and objects nested deeper than 512 levels");
+  // A global shape whose byte count passes 2^63 (each extent within MPI's
+  // int): refused, not wrapped to a small volume.
+  EXPECT_CONTAINS(raised<CheckpointError>([&] {
+                    checkpoint::save(tmp / "huge", {Shard{"h", at::zeros({0, 0, 0, 0}, at::kDouble),
+                                                          {65536, 65536, 65536, 65536}, {0, 0, 0, 0}}});
+                  }),
+                  "holds more than 2^63 bytes");
+  // A partition of more dimensions than the tensor (partita::distribute
+  // refuses it too), and a destination whose elements overlap (a stride 0).
+  if (mpi::world_size() > 1)
+    EXPECT_CONTAINS(raised<CheckpointError>([&] {
+                      checkpoint::block("v", at::zeros({3}, at::kDouble), {6},
+                                        mpi::Partition::world().create_cartesian_topology_partition({1, mpi::world_size()}));
+                    }),
+                    "has more dimensions than");
+  EXPECT_CONTAINS(raised<CheckpointError>([&] {
+                    auto s = two_tensors();
+                    const int last = mpi::world_size() - 1;
+                    if (mpi::world_rank() == last) s[1].local = at::zeros({1}, at::kDouble).expand(s[1].local.sizes());
+                    checkpoint::load(dir, s);
+                  }),
+                  "rank " + std::to_string(mpi::world_size() - 1) +
+                      ": \"b\": the tensor to load into has elements that overlap in memory");
   // A manifest that does not list what the file holds.
   const std::string unlisted = copy("unlisted");
   replace_once(unlisted + "/manifest.json", "\"name\": \"b\"", "\"name\": \"c\"");

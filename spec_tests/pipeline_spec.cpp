@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <typeinfo>
 
@@ -233,6 +234,46 @@ TEST(Pipeline, ZeroBubbleEqualsOneProcessAndTheFullBackward) {
       }
       if (!grads[0].empty()) EXPECT_GT(norm, 0);
     }
+  }
+}
+
+// An evaluation step under torch::NoGradGuard (docs/pipeline.md, "Forward
+// only"): every stage returns the losses a forward-only step with grad mode
+// on returns, under every schedule (zero_bubble's split Linear layers
+// record nothing there either), and no gradient appears.
+TEST(Pipeline, EvaluationUnderNoGradGuard) {
+  torch::set_num_threads(1);
+  const int n = mpi::world_size();
+  for (const char* pipeline : {"simple", "interleaved", "zero_bubble"}) {
+    init(n, pipeline);
+    smp::DistributedModel model(testing::build_model(mlp()));
+    smp::StepOptions o;
+    o.microbatches(4);
+    torch::manual_seed(21);
+    const at::Tensor x = torch::randn({8, 6}, torch::kDouble), y = torch::randn({8, 4}, torch::kDouble);
+    const auto evaluate = [&](bool grad) {
+      return smp::step(
+          [&](at::Tensor xb, at::Tensor yb) {
+            std::optional<torch::NoGradGuard> off;
+            if (!grad) off.emplace();
+            return torch::mse_loss(model(xb), yb);
+          },
+          o)(x, y);
+    };
+    const at::Tensor with_grad = at::stack(evaluate(true).outputs()).detach();
+    std::string error;
+    at::Tensor without;
+    try {
+      without = at::stack(evaluate(false).outputs());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(error, "") << pipeline << " on world rank " << mpi::world_rank();
+    if (error.empty()) {
+      EXPECT_TRUE(torch::equal(without, with_grad)) << pipeline << ": " << without << " against " << with_grad;
+      EXPECT_FALSE(without.requires_grad()) << pipeline;
+    }
+    for (const auto& p : model.parameters()) EXPECT_FALSE(p.grad().defined()) << pipeline;
   }
 }
 
@@ -934,15 +975,24 @@ TEST(PipelineErrors, StepFunctionFailsOnOneStage) {
   for (const char* pipeline : {"simple", "interleaved"}) {
     init(n, pipeline);
     smp::DistributedModel model(testing::build_model(mlp()));
-    for (int where : {0, 1}) {
+    for (int where : {0, 1, 2}) {
+      // A step that succeeds first: every stage caches the output's shape
+      // (the last stage sends it once per input shape). A failed step must
+      // make every stage forget it alike, also the last stage failing
+      // before it called the model (where 2), or the next step waits for a
+      // shape that is never sent.
+      EXPECT_GT(testing::mse_step(model, 4)(torch::randn({8, 6}, torch::kDouble), torch::randn({8, 4}, torch::kDouble))
+                    .reduce_mean()
+                    .item<double>(),
+                0);
       const int failing = where == 0 ? (n > 2 ? 1 : 0) : n - 1;
-      const int mb = where == 0 ? 0 : 2;
+      const int mb = where == 1 ? 2 : 0;
       smp::StepOptions o;
       o.microbatches(4);
       auto train = smp::step(
           [&](at::Tensor x, at::Tensor y) {
             const bool trip = smp::mp_rank() == failing && smp::microbatch() == mb;
-            if (trip && where == 0) throw PlantedFailure("planted failure before the model");
+            if (trip && where != 1) throw PlantedFailure("planted failure before the model");
             at::Tensor out = model(x);
             if (trip) throw PlantedFailure("planted failure in the loss");
             at::Tensor loss = torch::mse_loss(out, y);
@@ -952,7 +1002,7 @@ TEST(PipelineErrors, StepFunctionFailsOnOneStage) {
           o);
       const at::Tensor x = torch::randn({8, 6}, torch::kDouble), y = torch::randn({8, 4}, torch::kDouble);
       const Outcome got = outcome_of([&] { train(x, y); });
-      const std::string what = where == 0 ? "planted failure before the model" : "planted failure in the loss";
+      const std::string what = where != 1 ? "planted failure before the model" : "planted failure in the loss";
       if (smp::mp_rank() == failing) {
         EXPECT_EQ(got.kind, "planted") << got.text;
       } else {

@@ -653,6 +653,54 @@ TEST(ThreeD, ReplicasStartFromTheFirstReplicasParameters) {
   EXPECT_GT(smp::dp_size(), 1);
 }
 
+// A module used twice on its stage trains as two copies of it with equal
+// values whose gradients add up (docs/3d.md: "one module used twice on one
+// pp rank trains as in one process"), at every dp: a plain Linear and one
+// of partita's distributed blocks, each reused, each replica on its own
+// data. Each parameter's gradient is averaged over the replicas once.
+TEST(ThreeD, AModuleUsedTwiceOnItsStageTrainsAsTwoCopies) {
+  smp::Config config;
+  config.partitions(1);  // pp 1, tp 1, dp = the world
+  smp::init(config);
+  const smp::StagePartitions parts = smp::stage_partitions(0);
+  torch::manual_seed(41);
+  torch::nn::Linear lin(kHidden, kHidden), lin_a(kHidden, kHidden), lin_b(kHidden, kHidden);
+  Block block(parts, false, Data::kRandom), block_a(parts, false, Data::kRandom), block_b(parts, false, Data::kRandom);
+  {
+    at::NoGradGuard g;
+    for (auto* l : {&lin, &lin_a, &lin_b}) (*l)->to(at::kDouble);
+    for (auto* copy : {&lin_a, &lin_b})
+      for (size_t i = 0; i < lin->parameters().size(); ++i) (*copy)->parameters()[i].copy_(lin->parameters()[i]);
+    for (auto* copy : {&block_a, &block_b})
+      for (size_t i = 0; i < block->parameters().size(); ++i) (*copy)->parameters()[i].copy_(block->parameters()[i]);
+  }
+  torch::nn::Sequential tied(lin, torch::nn::Tanh(), lin, block, block);
+  torch::nn::Sequential apart(lin_a, torch::nn::Tanh(), lin_b, block_a, block_b);
+  torch::manual_seed(300 + smp::dp_rank());  // each replica its own rows
+  const at::Tensor x = at::randn({2 * kMicrobatches, kTokens, kHidden}, at::kDouble);
+  for (auto* seq : {&tied, &apart}) {
+    smp::DistributedModel model(*seq);
+    smp::step([&](at::Tensor xb) {
+      at::Tensor loss = model(xb).pow(2).sum();
+      model.backward(loss);
+      return loss;
+    })(x);
+  }
+  const auto compare = [&](const std::vector<at::Tensor>& one, const std::vector<at::Tensor>& a,
+                           const std::vector<at::Tensor>& b, const char* what) {
+    ASSERT_EQ(one.size(), a.size());
+    for (size_t i = 0; i < one.size(); ++i) {
+      ASSERT_TRUE(one[i].grad().defined() && a[i].grad().defined() && b[i].grad().defined()) << what << " " << i;
+      const at::Tensor sum = a[i].grad() + b[i].grad();
+      EXPECT_TRUE(at::allclose(one[i].grad(), sum, 1e-12, 1e-12))
+          << what << " parameter " << i << " on world rank " << mpi::world_rank() << ": used twice "
+          << one[i].grad() << " against two copies " << sum;
+    }
+  };
+  compare(lin->parameters(), lin_a->parameters(), lin_b->parameters(), "the Linear");
+  compare(block->parameters(), block_a->parameters(), block_b->parameters(), "the distributed block");
+}
+
 // Bad input (issue 32 item 6): models that do not fit the 3-D layout raise
 // smp::UsageError on every rank when the DistributedModel is built (before
 // any step), and a good model trains afterwards.

@@ -48,7 +48,39 @@ void dump_into(const Value& v, std::string& out) {
 
 }  // namespace
 
+// Arrays and objects nested deeper than this are refused before parsing:
+// nlohmann parses any depth, but its dump recurses once per level, so a
+// few hundred kilobytes of brackets in a file partita reads (a checkpoint's
+// header or manifest) would overflow the stack of the message that names
+// the value. Nothing partita reads nests more than a few levels.
+namespace {
+
+constexpr int kMaxDepth = 512;
+
+void check_depth(const std::string& text, const std::string& source) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxDepth)
+        throw Error(source + ": not valid JSON for partita: arrays and objects nested deeper than " +
+                    std::to_string(kMaxDepth) + " levels");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+}
+
+}  // namespace
+
 Value parse(const std::string& text, const std::string& source) {
+  check_depth(text, source);
   try {
     return Value::parse(text);
   } catch (const nlohmann::json::exception& e) {

@@ -119,7 +119,7 @@ std::vector<Piece> local_pieces(const std::vector<Shard>& shards) {
       throw CheckpointError(what + ": a " + std::to_string(p.len.size()) + "-dimensional piece starting at " +
                             shape_string(p.start) + " of a global shape " + shape_string(p.global));
     for (size_t d = 0; d < p.global.size(); ++d)
-      if (p.global[d] < 0 || p.start[d] < 0 || p.start[d] + p.len[d] > p.global[d])
+      if (p.global[d] < 0 || p.start[d] < 0 || p.start[d] > p.global[d] - p.len[d])  // (never overflows)
         throw CheckpointError(what + ": the piece " + shape_string(p.len) + " at " + shape_string(p.start) +
                               " is not inside the global shape " + shape_string(p.global));
     // MPI-IO's subarray types count in int: refused here, before anything
@@ -128,6 +128,10 @@ std::vector<Piece> local_pieces(const std::vector<Shard>& shards) {
       if (extent > INT_MAX)
         throw CheckpointError(what + ": the global shape " + shape_string(p.global) +
                               " has a dimension above MPI's count limit (INT_MAX = " + std::to_string(INT_MAX) + ")");
+    int64_t bytes = s.local.element_size();
+    for (int64_t extent : p.global)
+      if (__builtin_mul_overflow(bytes, extent, &bytes))
+        throw CheckpointError(what + ": the global shape " + shape_string(p.global) + " holds more than 2^63 bytes");
     if (volume(p.len) > INT_MAX)
       throw CheckpointError(what + ": the piece " + shape_string(p.len) + " holds " + std::to_string(volume(p.len)) +
                             " elements, above MPI's count limit (INT_MAX = " + std::to_string(INT_MAX) + ")");
@@ -488,6 +492,9 @@ Shard block(std::string name, const at::Tensor& local, const Shape& global, cons
     s.local = at::Tensor();
     return s;
   }
+  if (P.shape().size() > global.size())  // as partita::distribute refuses it
+    throw CheckpointError("\"" + s.name + "\": the partition " + shape_string(P.shape()) + " has more dimensions than the " +
+                          std::to_string(global.size()) + "-dimensional global shape " + shape_string(global));
   const Shape grid = padded_shape(P.shape(), global.size());
   const Index at_ = unravel(P.rank(), grid);
   for (size_t d = 0; d < global.size(); ++d) s.start[d] = local_start(global[d], grid[d], at_[d]);
@@ -684,6 +691,11 @@ Info load(const std::string& dir_in, const std::vector<Shard>& shards, const Loa
       if (!s.local.defined() || s.local.numel() == 0) continue;
       const safetensors::Entry& e = *in_file.at(s.name);
       at::Tensor into = s.local;
+      // (A stride of 0, as expand makes: the staged copy could not be
+      // written back, on this rank alone, after the read.)
+      if (at::has_internal_overlap(into) == at::MemOverlap::Yes)
+        throw CheckpointError("\"" + s.name + "\": the tensor to load into has elements that overlap in memory " +
+                              "(a stride of 0, as expand makes); load into a tensor of distinct elements");
       if (!into.is_contiguous()) {
         into = at::empty(s.local.sizes(), s.local.options().requires_grad(false));
         copy_back.emplace_back(into, s.local);

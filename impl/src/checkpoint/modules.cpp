@@ -13,6 +13,7 @@
 
 #include "agree.hpp"
 #include "partita/nn/dropout.hpp"
+#include "partita/nn/layer_norm.hpp"
 #include "partita/nn/linear.hpp"
 #include "partita/nn/vocab_parallel.hpp"
 
@@ -56,6 +57,17 @@ Shard parameter_shard(const std::string& name, const std::string& own, const at:
     if (own == "weight") return Shard{name, p, {e->vocab(), e->hidden()}, {e->vocab_start(), 0}};
   }
   return whole(name, p);
+}
+
+// A partita layer built on a partition this rank is not in: it holds
+// nothing of the model (its parameters there are never trained, its
+// dropout never draws), so its tensors and counters are neither saved nor
+// loaded here.
+bool outside_its_partition(const std::shared_ptr<torch::nn::Module>& m) {
+  if (auto n = std::dynamic_pointer_cast<nn::SequenceParallelLayerNormImpl>(m)) return !n->partition().active();
+  if (auto d = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(m)) return !d->partition().active();
+  if (auto e = std::dynamic_pointer_cast<nn::VocabParallelEmbeddingImpl>(m)) return !e->partition().active();
+  return false;
 }
 
 // Every (name, module) under the roots, the roots' own names first.
@@ -187,6 +199,7 @@ std::vector<Shard> module_shards(const std::vector<std::pair<std::string, std::s
   std::vector<Shard> out;
   std::set<const void*> seen;  // a tensor shared by two modules (tied weights) is saved once, under its first name
   for_each_module(roots, [&](const std::string& path, const std::shared_ptr<torch::nn::Module>& m) {
+    if (outside_its_partition(m)) return;
     for (const auto& item : m->named_parameters(/*recurse=*/false))
       if (seen.insert(item.value().unsafeGetTensorImpl()).second)
         out.push_back(parameter_shard(join(path, item.key()), item.key(), item.value(), m));
@@ -206,7 +219,8 @@ void save_modules(const std::string& dir, const std::vector<std::pair<std::strin
     OptimizerShards o = optimizer_shards(optimizer, shards, nullptr);
     shards.insert(shards.end(), o.shards.begin(), o.shards.end());
     for_each_module(roots, [&](const std::string& path, const std::shared_ptr<torch::nn::Module>& m) {
-      if (auto d = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(m)) {
+      auto d = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(m);
+      if (d && !outside_its_partition(m)) {
         info.counters[dropout_counter(path)] = static_cast<int64_t>(d->calls());
         info.counters[dropout_seed(path)] = static_cast<int64_t>(d->seed());  // (the bits of a uint64)
       }
@@ -237,7 +251,8 @@ Info load_modules(const std::string& dir, const std::vector<std::pair<std::strin
     o = optimizer_shards(optimizer, shards, &in_file);
     shards.insert(shards.end(), o.shards.begin(), o.shards.end());
     for_each_module(roots, [&](const std::string& path, const std::shared_ptr<torch::nn::Module>& m) {
-      if (auto d = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(m)) {
+      auto d = std::dynamic_pointer_cast<nn::SeededDropoutImpl>(m);
+      if (d && !outside_its_partition(m)) {
         const auto it = c.info.counters.find(dropout_counter(path));
         if (it == c.info.counters.end())
           throw CheckpointError("no dropout count \"" + dropout_counter(path) + "\" for the SeededDropout \"" + path + "\"");

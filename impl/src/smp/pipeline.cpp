@@ -96,6 +96,11 @@ struct StepState {
   int chunks = 1;                  // the schedule's stages per rank (virtual stages)
 };
 StepState* g_step = nullptr;
+// Pipelined steps that failed on this rank. Every rank of a failed step
+// counts it, also one that failed before it called the model (which then
+// does not know it): a model forgets its cached output shapes when the
+// count moved since it last ran.
+int64_t g_failed_steps = 0;
 
 int tag_of(int kind) { return kTagBase + kind + 8 * static_cast<int>(g_step->epoch % g_step->epochs); }
 
@@ -281,6 +286,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   // The output's dtype and shape for a model input of a given dtype and
   // shape (the stand-in on stages before the last).
   std::map<std::vector<int64_t>, std::vector<int64_t>> out_shapes;
+  int64_t failed_steps_seen = 0;  // g_failed_steps when out_shapes was last known good
 
   // One microbatch on one of this rank's chunks: what its actions leave
   // for the next ones.
@@ -369,11 +375,13 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     stats = PipelineStats{};
     traffic_at_begin = nn::layer_traffic();
     distributed_grads_before.clear();
+    if (failed_steps_seen != g_failed_steps) {
+      out_shapes.clear();
+      failed_steps_seen = g_failed_steps;
+    }
     if (dp_size() > 1)
-      for (int c = 0; c < v; ++c)
-        for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
-          for (auto& p : detail::distributed_parameters(children[i]))
-            distributed_grads_before.emplace_back(p, p.grad().defined() ? p.grad().clone() : at::Tensor());
+      for (auto& p : stage_parameters(detail::distributed_parameters))
+        distributed_grads_before.emplace_back(p, p.grad().defined() ? p.grad().clone() : at::Tensor());
     step_started = false;
     if (stages == 1) return;
     // Every stage must be running the same step on the same batch.
@@ -595,7 +603,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
       h = x;
       // Split: the input-gradient pass must reach the first layer's node to
       // leave its dy for W, so x becomes a leaf that takes a gradient.
-      if (m.split && at::isFloatingType(x.scalar_type())) h = m.input = x.detach().requires_grad_(true);
+      if (m.split && at::GradMode::is_enabled() && at::isFloatingType(x.scalar_type()))
+        h = m.input = x.detach().requires_grad_(true);
     } else {
       if (!m.input.defined())
         throw UsageError(where(c, mb) + ": the forward runs before its activation was received (RECV_F)");
@@ -605,7 +614,9 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     int64_t bytes = 0;
     for (size_t i = 0; i < layers[c].size(); ++i) {
       const auto& linear = linears[c][i];
-      if (m.split && detail::can_split(linear.get(), h)) {
+      // (Not under grad mode off, an evaluation: a split layer's node would
+      // record history where nothing else does.)
+      if (m.split && detail::can_split(linear.get(), h) && at::GradMode::is_enabled()) {
         if (!m.work) m.work = std::make_shared<detail::WeightGradWork>();
         h = detail::split_linear(*linear, h, m.work);
       } else {
@@ -675,7 +686,9 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     const std::vector<int64_t> o = output_shape(mb, x);
     at::Tensor stand_in = at::zeros(std::vector<int64_t>(o.begin() + 2, o.end()),
                                     at::TensorOptions().dtype(static_cast<at::ScalarType>(o[0])));
-    if (at::isFloatingType(stand_in.scalar_type())) {
+    // Under grad mode off (an evaluation step) the stand-in records
+    // nothing, as the output it stands for would not.
+    if (at::isFloatingType(stand_in.scalar_type()) && at::GradMode::is_enabled()) {
       stand_in.requires_grad_(true);
       m.target = torch::autograd::impl::grad_accumulator(stand_in);
     }
@@ -721,6 +734,20 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   }
 
   // The parameters of chunk c that take gradients (W's inputs).
+  // This rank's parameters of one kind (detail::replicated_parameters or
+  // detail::distributed_parameters) over its chunks, each tensor once: a
+  // module used twice on the stage, or a tie within it, is one parameter,
+  // whose gradient is averaged (or rescaled) once.
+  std::vector<at::Tensor> stage_parameters(std::vector<at::Tensor> (*of)(const std::shared_ptr<torch::nn::Module>&)) const {
+    std::vector<at::Tensor> out;
+    std::unordered_set<const void*> seen;
+    for (int c = 0; c < v; ++c)
+      for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
+        for (auto& p : of(children[i]))
+          if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+    return out;
+  }
+
   std::vector<at::Tensor> trainable(int c) const {
     std::vector<at::Tensor> out;
     for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
@@ -991,12 +1018,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   // the same broadcasts.
   void start_replicas_alike() {
     if (dp_size() == 1) return;
-    std::vector<at::Tensor> params;
-    std::unordered_set<const void*> seen;  // a tied tensor once
-    for (int c = 0; c < v; ++c)
-      for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
-        for (auto& p : detail::replicated_parameters(children[i]))
-          if (seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+    std::vector<at::Tensor> params = stage_parameters(detail::replicated_parameters);
     // partita's own broadcast: its shape agreement (checked mode), waits,
     // deadlines and 16-bit dtypes, written into p where p is contiguous.
     const mpi::Communicator dp = mpi::Communicator::wrap(communicator(DP_GROUP));
@@ -1027,10 +1049,8 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     std::vector<at::Tensor> local;
     // Not the parameters of partita's distributed layers that sum their
     // copies' gradients themselves (a replicated Linear layer's are here).
-    for (int c = 0; c < v; ++c)
-      for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
-        for (auto& p : detail::replicated_parameters(children[i]))
-          if (p.requires_grad()) local.push_back(p);
+    for (auto& p : stage_parameters(detail::replicated_parameters))
+      if (p.requires_grad()) local.push_back(p);
     std::map<at::ScalarType, std::vector<at::Tensor>> groups;
     for (auto& p : local) groups[p.scalar_type()].push_back(p);
     for (auto& [type, params] : groups) {
@@ -1388,6 +1408,7 @@ PipelineStep::~PipelineStep() {
 void PipelineStep::fail(std::exception_ptr error) noexcept {
   if (failed_ || !g_step) return;
   failed_ = true;
+  if (g_step->listening) ++g_failed_steps;
   try {
     if (g_step->listening && !g_step->aborted) {
       // The notice: 'U' when the error is an smp::UsageError (the others
