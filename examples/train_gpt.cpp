@@ -18,7 +18,8 @@
 // from the elements' places in the global batch (docs/transformer.md).
 //
 // Checkpoints (docs/checkpoints.md): --checkpoint-every N saves the model
-// and Adam's state after every N steps to DIR/step-K (DIR: --checkpoint-dir,
+// and Adam's state after every N steps to DIR/step-K (step-K-r2, ... where
+// DIR/step-K exists: a run resumed from an older checkpoint; DIR: --checkpoint-dir,
 // "checkpoints" under the working directory by default) and then points
 // DIR/latest at it; --resume PATH continues from a checkpoint (PATH/latest
 // where PATH is a directory of them) at whatever layout this run has, the
@@ -232,7 +233,13 @@ int main(int argc, char** argv) {
     if (step == start) first = loss;
     last = loss;
     if (f.checkpoint_every > 0 && (step + 1) % f.checkpoint_every == 0) {
-      const std::string name = "step-" + std::to_string(step + 1);
+      // A run resumed from an older checkpoint reaches steps saved before;
+      // a checkpoint is never overwritten, so this one takes the next free
+      // name (step-4-r2, ...). Every rank sees the same directory: a save
+      // makes its name visible only after every rank has entered it.
+      std::string name = "step-" + std::to_string(step + 1);
+      for (int again = 2; std::filesystem::exists(std::filesystem::path(f.checkpoint_dir) / name); ++again)
+        name = "step-" + std::to_string(step + 1) + "-r" + std::to_string(again);
       smp::save_checkpoint(f.checkpoint_dir + "/" + name, model, &opt,
                            {{{"step", step + 1}, {"data.batches", step + 1}}, ""});
       point_latest(f.checkpoint_dir, name);

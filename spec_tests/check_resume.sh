@@ -10,6 +10,8 @@
 #  3. a rank killed in the middle of the save of step 4: step-2 is the
 #     latest checkpoint and step-4 is not one; relaunched, it resumes from
 #     step 2, saves step 4 again, and steps 2-5 are the uninterrupted run's.
+#  4. resumed from step 2 while step-4 exists: the save of step 4 takes the
+#     next free name (step-4-r2) and step-4 stays as it was.
 # usage: check_resume.sh MPIEXEC TRAIN_GPT WORKDIR
 set -u
 mpiexec=$1
@@ -71,6 +73,15 @@ run k2.log "$mpiexec" -n 4 "$gpt" --steps 6 --resume k || fail "the relaunch: $(
 grep -q "at step 4" k2.log || fail "the relaunch did not resume at step 4: $(head -2 k2.log)"
 same u.log k2.log 4
 echo "check_resume: a rank killed at step 5 (the job ended in $took s); resumed from step 4, the uninterrupted losses"
+# Resumed from an older checkpoint than the newest (step-2 while step-4
+# exists): the save of step 4 takes the next free name, step-4 stays.
+before=$(md5sum k/step-4/model.safetensors)
+run k3.log "$mpiexec" -n 4 "$gpt" --steps 6 --checkpoint-every 2 --checkpoint-dir k --resume k/step-2 ||
+  fail "the relaunch from step-2 while step-4 exists: $(tail -3 k3.log)"
+[ -f k/step-4-r2/manifest.json ] && [ "$(md5sum k/step-4/model.safetensors)" = "$before" ] && [ "$(cat k/latest)" = step-6 ] ||
+  fail "the relaunch from step-2 left $(ls k | tr '\n' ' '), latest $(cat k/latest)"
+same u.log k3.log 2
+echo "check_resume: resumed from step 2 while step-4 existed; saved step-4-r2, the uninterrupted losses"
 
 # 3. A rank lost in the middle of a save.
 PARTITA_CHECKPOINT_KILL=1:step-4 run s.log "$mpiexec" -n 4 "$gpt" --steps 6 --checkpoint-every 2 --checkpoint-dir s &&

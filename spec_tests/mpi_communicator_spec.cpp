@@ -3,6 +3,8 @@
 // adjoint identity, finite-difference gradients, and misuse errors raised on
 // every rank. Runs at any number of ranks (ctest: 1, 2, 3, 4).
 #include <gtest/gtest.h>
+
+#include <c10/core/InferenceMode.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -414,6 +416,92 @@ TEST(CommunicatorMisuse, WaitTwice) {
   expect_error("second wait", "already waited on", [&] { world().wait(h); });
   expect_error("wait on a joined handle", "already waited on",
                [&] { world().wait(mpi::join_dummies_handle(r, {x})); });
+}
+
+// A handle dropped before its wait (docs/communicator.md: its request
+// leaks, as an unwaited MPI_Request does): the buffer MPI may still write
+// is kept, so the message that comes later lands there, not in memory the
+// process has since given to another tensor.
+TEST(CommunicatorMisuse, ADroppedReceiveKeepsItsBuffer) {
+  const long kept = mpi::kept_forever();
+  { auto dropped = world().irecv(torch::zeros({512}, at::kFloat), me(), 9); }
+  EXPECT_EQ(mpi::kept_forever(), kept + 1) << "the dropped receive's buffer was not kept";
+  const at::Tensor canary = torch::zeros({512}, at::kFloat);
+  world().wait(world().isend(torch::ones({512}, at::kFloat), me(), 9));  // matched by the dropped receive
+  EXPECT_TRUE(canary.eq(0).all().item<bool>()) << "the message landed in a tensor allocated after the drop";
+}
+
+// A double backward (create_graph: a gradient penalty, a Hessian-vector
+// product) through a collective raises on every rank instead of giving
+// gradients whose second-order terms are silently zero.
+TEST(CommunicatorMisuse, DoubleBackwardIsRefused) {
+  const at::Tensor x = torch::tensor({1.5}, at::kDouble).requires_grad_();
+  const at::Tensor y = world().allreduce(x, ReduceOp::kSum);
+  const at::Tensor loss = (y * y).sum();
+  expect_error("create_graph", "a backward with create_graph (a double backward) reaches partita's data movement",
+               [&] { torch::autograd::grad({loss}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true); });
+  // A plain backward of the same graph still runs.
+  const at::Tensor g = torch::autograd::grad({loss}, {x})[0];
+  EXPECT_NEAR(g.item<double>(), 2.0 * P() * P() * 1.5, 1e-12);
+}
+
+// Tensors the calls cannot move or change right, on one rank only: every
+// rank raises, before any data moves, and the next call works. An in-place
+// call on a view that records history (its base's history would not see
+// the change: the base's gradient came back wrong, silently), on an
+// inference tensor outside InferenceMode (LibTorch refused the version
+// bump on that rank alone, after the others had entered the broadcast),
+// and a sparse tensor (refused by LibTorch on its rank alone).
+TEST(CommunicatorMisuse, TensorsACallCannotTakeRaiseOnEveryRank) {
+  const int last = P() - 1;
+  const at::Tensor w = torch::full({4}, 1.0 + me(), at::kDouble).requires_grad_();
+  const at::Tensor x = w * 1;
+  expect_error("bcast_ on a view with history", "rank " + std::to_string(last) +
+                   ": its tensor is a view of a tensor that requires grad",
+               [&] { world().bcast_(me() == last ? x.narrow(0, 0, 2) : torch::zeros({2}, at::kDouble), 0); });
+  at::Tensor frozen;
+  {
+    c10::InferenceMode on;
+    frozen = torch::ones({3}, at::kDouble);
+  }
+  expect_error("reduce_ on an inference tensor", "rank 0: its tensor is an inference tensor",
+               [&] { world().reduce_(me() == 0 ? frozen : torch::ones({3}, at::kDouble), ReduceOp::kSum, 0); });
+  expect_error("allreduce of a sparse tensor", "rank " + std::to_string(last) + ": its tensor is not a dense CPU tensor",
+               [&] { world().allreduce(me() == last ? torch::ones({4}).to_sparse() : torch::ones({4}), ReduceOp::kSum); });
+  // Under InferenceMode the inference tensor is taken, and the base itself.
+  {
+    c10::InferenceMode on;
+    EXPECT_NO_THROW(world().reduce_(frozen, ReduceOp::kSum, 0));
+  }
+  const at::Tensor y = world().bcast_(w * 1, 0);
+  EXPECT_TRUE(torch::equal(y.detach(), torch::full({4}, 1.0, at::kDouble)));
+}
+
+// alltoall_out's overlap rule where LibTorch cannot tell ("too hard": a
+// strided input): an input on another storage is taken; on out's storage,
+// one whose span meets out is refused and one beside it is taken.
+TEST(CommunicatorForward, AlltoallOutTakesAStridedInputBesideItsOut) {
+  const int64_t n = 2 * P();
+  const at::Tensor t = torch::arange(2 * n, at::kDouble).reshape({n, 2}).select(1, 0);  // stride 2
+  const at::Tensor want = world().alltoall(t.contiguous(), 0, 0, n);
+  at::Tensor out = torch::empty({n}, at::kDouble);
+  std::string error;
+  try {
+    world().alltoall_out(out, t, 0, 0, n);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_EQ(error, "");
+  EXPECT_TRUE(torch::equal(out, want)) << out << " for " << want;
+  at::Tensor base = torch::zeros({3 * n}, at::kDouble);
+  base.narrow(0, 0, 2 * n).copy_(t.repeat_interleave(2));
+  const at::Tensor strided = base.narrow(0, 0, 2 * n).slice(0, 0, 2 * n, 2);  // elements 0, 2, ..., 2n - 2
+  at::Tensor beside = base.narrow(0, 2 * n, n);
+  world().alltoall_out(beside, strided, 0, 0, n);
+  EXPECT_TRUE(torch::equal(beside, want)) << beside << " for " << want;
+  at::Tensor inside = base.narrow(0, 1, n);  // between the strided input's elements
+  expect_error("alltoall_out into its input's span", "its out tensor overlaps its input",
+               [&] { world().alltoall_out(inside, strided, 0, 0, n); });
 }
 
 TEST(CommunicatorMisuse, InPlaceInputReusedInBackward) {

@@ -237,6 +237,49 @@ TEST(Pipeline, ZeroBubbleEqualsOneProcessAndTheFullBackward) {
   }
 }
 
+// A Linear layer whose weight is tied to another module's on its stage (an
+// output head sharing an embedding's table) takes the same gradients under
+// ZB-H1 as under 1F1B: W takes the tied weight by autograd for the
+// embedding's use as well as from what I left for the head's.
+TEST(Pipeline, ZeroBubbleTiedWeightTakesEveryUsesGradient) {
+  torch::set_num_threads(1);
+  std::vector<at::Tensor> grads[2];
+  int64_t split = 0;
+  int i = 0;
+  for (const char* pipeline : {"interleaved", "zero_bubble"}) {
+    init(1, pipeline);
+    torch::manual_seed(5);
+    torch::nn::Linear head(4, 10);
+    head->to(at::kDouble);
+    torch::nn::Embedding emb(torch::nn::EmbeddingOptions(10, 4)._weight(head->weight));  // the same tensor
+    ASSERT_TRUE(emb->weight.is_same(head->weight));
+    smp::DistributedModel model(torch::nn::Sequential(emb, head));
+    smp::StepOptions o;
+    o.microbatches(2);
+    const at::Tensor x = at::randint(10, {8}, at::kLong), y = at::randint(10, {8}, at::kLong);
+    smp::step(
+        [&](at::Tensor xb, at::Tensor yb) {
+          at::Tensor loss = torch::nn::functional::cross_entropy(model(xb), yb);
+          model.backward(loss);
+          return loss;
+        },
+        o)(x, y);
+    for (const auto& p : model.parameters()) grads[i].push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+    if (i == 1) split = model.stats().weight_gradients_split;
+    ++i;
+  }
+  EXPECT_GT(split, 0) << "the head's W was not split";
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  EXPECT_EQ(grads[0].size(), 3u);  // the tied table under both names, the head's bias
+  for (size_t k = 0; k < grads[0].size(); ++k) {
+    ASSERT_TRUE(grads[0][k].defined()) << "parameter " << k << " under 1F1B";
+    EXPECT_TRUE(grads[1][k].defined()) << "parameter " << k << " has no gradient under ZB-H1";
+    if (grads[1][k].defined())
+      EXPECT_TRUE(at::allclose(grads[1][k], grads[0][k], 1e-12, 1e-12))
+          << "parameter " << k << ": " << grads[1][k] << " under ZB-H1 against " << grads[0][k];
+  }
+}
+
 // An evaluation step under torch::NoGradGuard (docs/pipeline.md, "Forward
 // only"): every stage returns the losses a forward-only step with grad mode
 // on returns, under every schedule (zero_bubble's split Linear layers

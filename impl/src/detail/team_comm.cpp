@@ -396,6 +396,14 @@ struct AdjointNode : torch::autograd::Node {
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     // An unused output has no gradient: its adjoint input is zero, and the
     // collective still runs so that the other ranks are not left waiting.
+    // A backward with create_graph (a double backward, a gradient penalty)
+    // runs its nodes under grad mode on; the adjoint's result would carry
+    // no history, so every second-order term through it would be zero,
+    // silently. Refused, on every rank that reaches the node, before any
+    // message.
+    if (at::GradMode::is_enabled())
+      throw Error(label + ": a backward with create_graph (a double backward) reaches partita's data movement, "
+                          "whose adjoints record no history of their own: not supported");
     at::Tensor g = grads.empty() || !grads[0].defined() ? at::zeros(out_sizes, out_options)
                                                          : std::move(grads[0]);
     grads.clear();

@@ -2,6 +2,7 @@
 // the data (detail/team_comm.hpp's, the layers' movement), attach the
 // adjoint (see communicator.hpp's table).
 #include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -115,6 +116,22 @@ std::string no_adjoint(const std::string& what, ReduceOp op) {
          "PROD's adjoint needs the other ranks' factors)";
 }
 
+// bcast_ and reduce_ change their input in place: refused, on every rank
+// (through the records), where that cannot be done right: an inference
+// tensor outside c10::InferenceMode (LibTorch forbids the version bump),
+// and a view that records history (its base's history would not see the
+// change; LibTorch's own in-place ops on a view rebase the base's).
+void check_in_place(Record& r, const at::Tensor& t) {
+  if (r.status) return;
+  if (t.is_inference() && !c10::InferenceMode::is_enabled()) {
+    r.status = Record::kInPlaceRefused;
+    r.p[2] = Record::kInPlaceInference;
+  } else if (t.is_view() && records_history(t)) {
+    r.status = Record::kInPlaceRefused;
+    r.p[2] = Record::kInPlaceViewWithHistory;
+  }
+}
+
 // The in-place calls' buffer: the input's own storage when it is contiguous
 // (mpi4torch: the input is modified in place), without its history. An
 // input that does not require grad is itself the buffer (and the result,
@@ -201,6 +218,7 @@ at::Tensor Communicator::bcast_(const at::Tensor& t, int root, const StaticShape
   Record mine = make_record(t);
   mine.p[0] = root;
   check_root(mine, root, s.size);
+  check_in_place(mine, t);
   if (checked_mode()) {
     const auto all = exchange_records(s, mine, what, "bcast_", shapes);
     check_same(all, what, "roots");
@@ -239,6 +257,7 @@ at::Tensor Communicator::reduce_(const at::Tensor& t, ReduceOp op, int root,
   mine.p[1] = static_cast<int64_t>(op);
   check_root(mine, root, s.size);
   check_op(mine, op);
+  check_in_place(mine, t);
   if (checked_mode()) {
     const auto all = exchange_records(s, mine, what, "reduce_", shapes);
     check_same(all, what, "roots or operations");

@@ -83,6 +83,12 @@ struct Pending {
   std::string overflow;
   std::string what() const { return name; }
   void set_name(Kind kind, int peer, int tag);
+  // A request still posted when the last handle and node let go (a handle
+  // dropped before its wait, a wait or an adjoint's wait given up, an
+  // adjoint send whose wait never ran): MPI may still read or write its
+  // buffer, which is kept for the rest of the process (keep_forever); the
+  // request leaks, as an unwaited MPI_Request does.
+  ~Pending();
 };
 
 // One rank's statement about a call: its tensor's dtype and shape, a local
@@ -90,8 +96,11 @@ struct Pending {
 // (root, axes, numelem, op), so that every rank can check every other's.
 struct Record {
   enum Status : int64_t {
-    kOk = 0, kTooManyDims, kBadDtype, kBadAxis, kBadRoot, kBadNumelem, kBadOp, kBadOut
+    kOk = 0, kTooManyDims, kBadDtype, kBadAxis, kBadRoot, kBadNumelem, kBadOp, kBadOut,
+    kNotDense,       // a sparse (or otherwise not strided CPU) tensor
+    kInPlaceRefused  // bcast_/reduce_ on a tensor they cannot change in place (p[2]: why)
   };
+  enum InPlaceProblem : int64_t { kInPlaceInference = 1, kInPlaceViewWithHistory };
   // Why an out= call's `out` was refused (kBadOut, in p[2]).
   enum OutProblem : int64_t {
     kOutUndefined = 1, kOutGrad, kOutDtype, kOutNotContiguous, kOutOverlaps, kOutTooManyDims

@@ -130,6 +130,23 @@ void Pending::set_name(Kind kind, int peer, int tag) {
   *at = '\0';
 }
 
+namespace {
+// Whether the contiguous `out` and `t` share memory: LibTorch's answer
+// where it has one; where it has none ("too hard": t strided with gaps, or
+// expanded), none on another storage, and on the same storage whether t's
+// span of memory meets out's.
+bool overlaps(const at::Tensor& out, const at::Tensor& t) {
+  const auto status = at::get_overlap_status(out, t);
+  if (status != at::MemOverlapStatus::TooHard) return status != at::MemOverlapStatus::No;
+  if (!out.storage().is_alias_of(t.storage())) return false;
+  int64_t span = 1;  // t's elements from its first to its last (strides are not negative)
+  for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);
+  const char* t_lo = static_cast<const char*>(t.data_ptr());
+  const char* out_lo = static_cast<const char*>(out.data_ptr());
+  return t_lo < out_lo + out.nbytes() && out_lo < t_lo + span * static_cast<int64_t>(t.element_size());
+}
+}  // namespace
+
 Record make_record(const at::Tensor& t) {
   Record r;
   r.dtype = static_cast<int64_t>(t.scalar_type());
@@ -141,6 +158,7 @@ Record make_record(const at::Tensor& t) {
   for (int64_t d = 0; d < r.ndim; ++d) r.dims[d] = t.size(d);
   if (!dtype_supported(t.scalar_type()) && t.scalar_type() != at::kBool && !r.status)
     r.status = Record::kBadDtype;
+  if ((t.layout() != at::kStrided || t.device().type() != at::kCPU) && !r.status) r.status = Record::kNotDense;
   return r;
 }
 
@@ -190,8 +208,7 @@ void check_out(Record& r, const at::Tensor& out, const at::Tensor& t) {
     return refuse(Record::kOutGrad);
   if (out.scalar_type() != t.scalar_type()) return refuse(Record::kOutDtype);
   if (!out.is_contiguous()) return refuse(Record::kOutNotContiguous);
-  if (out.numel() > 0 && t.numel() > 0 && at::get_overlap_status(out, t) != at::MemOverlapStatus::No)
-    return refuse(Record::kOutOverlaps);
+  if (out.numel() > 0 && t.numel() > 0 && overlaps(out, t)) return refuse(Record::kOutOverlaps);
 }
 
 void raise_record(const std::string& what, int rank, const Record& r) {
@@ -241,6 +258,17 @@ void raise_record(const std::string& what, int rank, const Record& r) {
         case Record::kOutOverlaps: why = "its out tensor overlaps its input"; break;
         default: why = "its out tensor is refused";
       }
+      break;
+    case Record::kNotDense:
+      why = "its tensor is not a dense CPU tensor (a sparse one, or one on another device): the communicator "
+            "moves strided CPU tensors only";
+      break;
+    case Record::kInPlaceRefused:
+      why = r.p[2] == Record::kInPlaceInference
+                ? "its tensor is an inference tensor, which may be changed in place only under c10::InferenceMode"
+                : "its tensor is a view of a tensor that requires grad: the base's history would not see the "
+                  "change (partita's in-place calls do not rebase a view's base as LibTorch's in-place ops do); "
+                  "pass the base itself, or a clone of the view";
       break;
     default:
       why = "unknown problem";

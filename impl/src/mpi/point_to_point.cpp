@@ -26,6 +26,11 @@ namespace partita::mpi {
 
 using namespace detail;
 
+Pending::~Pending() {
+  if (request != MPI_REQUEST_NULL && buffer.defined()) keep_forever(std::move(buffer));
+  if (adjoint_request != MPI_REQUEST_NULL && adjoint_buffer.defined()) keep_forever(std::move(adjoint_buffer));
+}
+
 namespace {
 
 using torch::autograd::variable_list;

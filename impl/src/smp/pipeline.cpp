@@ -32,6 +32,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "partita/mpi/communicator.hpp"
@@ -274,6 +275,10 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
   // The same layers' Linear modules (null for another type): I and W split
   // there (split_backward.hpp).
   std::vector<std::vector<std::shared_ptr<torch::nn::LinearImpl>>> linears;
+  // Per chunk: the parameters of its Linear layers that another module of
+  // the chunk holds too (a head tied to an embedding): W takes them by
+  // autograd for that other use as well as from what I left.
+  std::vector<std::unordered_set<const c10::TensorImpl*>> linear_params_shared;
   std::vector<int> bounds;                                  // every stage's: stages * v + 1 numbers
   // This rank's place: pp rank `stage` of `stages` (docs/3d.md; mp rank
   // without tensor parallelism). With v chunks (virtual
@@ -301,6 +306,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     int64_t bytes = 0;
     bool split = false;          // the schedule runs I and W for it (not B)
     std::shared_ptr<detail::WeightGradWork> work;  // split: what I leaves for W
+    bool linear_unsplit = false;  // split, but a Linear layer ran whole (its node reaches its weight)
   };
   // One microbatch: the step function's call (the model's call in it).
   struct Mb {
@@ -620,6 +626,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         if (!m.work) m.work = std::make_shared<detail::WeightGradWork>();
         h = detail::split_linear(*linear, h, m.work);
       } else {
+        if (linear) m.linear_unsplit = true;
         h = layers[c][i](h);
       }
       bytes += h.numel() * static_cast<int64_t>(h.element_size());
@@ -842,12 +849,15 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
         // layers' from what I left (dy, and x saved by the forward); the
         // other layers' parameters by autograd restricted to them, which
         // goes down the graph again (split_backward.hpp).
+        // A split Linear's parameters are left out of autograd's unless
+        // something else in the chunk reaches them too: another module
+        // holding the same tensor, or a Linear layer that ran whole.
         std::unordered_set<const c10::TensorImpl*> split_params;
-        if (m.work)
-          for (const auto& e : m.work->entries) {
-            split_params.insert(e.weight.unsafeGetTensorImpl());
-            if (e.bias.defined()) split_params.insert(e.bias.unsafeGetTensorImpl());
-          }
+        if (m.work && !m.linear_unsplit)
+          for (const auto& e : m.work->entries)
+            for (const at::Tensor* t : {&e.weight, &e.bias})
+              if (t->defined() && !linear_params_shared[c].count(t->unsafeGetTensorImpl()))
+                split_params.insert(t->unsafeGetTensorImpl());
         std::vector<at::Tensor> params;
         for (auto& p : trainable(c))
           if (!split_params.count(p.unsafeGetTensorImpl())) params.push_back(p);
@@ -1228,12 +1238,23 @@ DistributedModel::DistributedModel(std::shared_ptr<torch::nn::Module> model, std
   m.bounds = std::move(st.bounds);
   m.layers.resize(m.v);
   m.linears.resize(m.v);
-  for (int c = 0; c < m.v; ++c)
+  m.linear_params_shared.resize(m.v);
+  for (int c = 0; c < m.v; ++c) {
+    // Which modules of the chunk hold each parameter tensor.
+    std::unordered_map<const c10::TensorImpl*, std::unordered_set<const torch::nn::Module*>> holders;
     for (int i = m.bounds[m.global(c)]; i < m.bounds[m.global(c) + 1]; ++i) {
       m.layers[c].push_back(st.calls[i]);
       m.linears[c].push_back(std::dynamic_pointer_cast<torch::nn::LinearImpl>(m.children[i]));
       m.distributed = m.distributed || detail::holds_distributed_layers(m.children[i]);
+      for (const auto& sub : m.children[i]->modules(/*include_self=*/true))
+        for (const auto& p : sub->parameters(/*recurse=*/false)) holders[p.unsafeGetTensorImpl()].insert(sub.get());
     }
+    for (const auto& linear : m.linears[c])
+      if (linear)
+        for (const at::Tensor* t : {&linear->weight, &linear->bias})
+          if (t->defined() && holders[t->unsafeGetTensorImpl()].size() > 1)
+            m.linear_params_shared[c].insert(t->unsafeGetTensorImpl());
+  }
   m.calls = std::move(st.calls);
   m.raw = communicator(PP_GROUP);
   m.comm = mpi::Communicator::wrap(m.raw);
