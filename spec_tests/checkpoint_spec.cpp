@@ -25,6 +25,7 @@
 #include "expect_raises.hpp"
 #include "temp_dir.hpp"
 #include "partita/checkpoint.hpp"
+#include "partita/safetensors.hpp"
 #include "partita/distribute.hpp"
 #include "partita/mpi/partition.hpp"
 #include "partita/mpi/runtime.hpp"
@@ -627,6 +628,17 @@ TEST(CheckpointErrors, EveryRankRaisesTheSameError) {
                                                           {65536, 65536, 65536, 65536}, {0, 0, 0, 0}}});
                   }),
                   "holds more than 2^63 bytes");
+  // A header above what a load reads (a name of 10^8 bytes, on rank 0): the
+  // save refuses it on every rank instead of writing a checkpoint no load
+  // opens.
+  EXPECT_CONTAINS(raised<CheckpointError>([&] {
+                    std::vector<Shard> s;
+                    if (mpi::world_rank() == 0)
+                      s.push_back(checkpoint::whole(std::string(safetensors::kMaxHeaderBytes, 'n'), at::zeros({1}, at::kDouble)));
+                    checkpoint::save(tmp / "long_name", s);
+                  }),
+                  "a load reads (fewer tensors, or shorter names); nothing was written");
+  EXPECT_FALSE(fs::exists(tmp / "long_name"));
   // A partition of more dimensions than the tensor (partita::distribute
   // refuses it too), and a destination whose elements overlap (a stride 0).
   if (mpi::world_size() > 1)

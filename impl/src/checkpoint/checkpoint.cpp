@@ -27,6 +27,12 @@
 #include <sstream>
 
 #include "partita/json.hpp"
+
+// A checkpoint's data is little-endian (the safetensors format); tensors
+// are written and read as their bytes lie in memory.
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "partita's checkpoints write tensors' bytes as they are: a little-endian host is required"
+#endif
 #include "partita/mpi/runtime.hpp"
 #include "partita/safetensors.hpp"
 #include "partita/tiling.hpp"
@@ -544,6 +550,11 @@ void save(const std::string& dir_in, const std::vector<Shard>& shards, const Inf
   }
   const std::string prefix = safetensors::format_header(entries, {{"format", "pt"}, {"partita_checkpoint", std::to_string(kFormatVersion)}});
   const int64_t data_start = static_cast<int64_t>(prefix.size());
+  // (Every rank computes the same header: every rank refuses alike.)
+  if (data_start - 8 > safetensors::kMaxHeaderBytes)
+    throw CheckpointError(dir + ": the header would hold " + std::to_string(data_start - 8) + " bytes, above the " +
+                          std::to_string(safetensors::kMaxHeaderBytes) +
+                          " a load reads (fewer tensors, or shorter names); nothing was written");
 
   // The directory, under this save's temporary name (rank 0's, sent to
   // every rank with the verdict: "!" and the error, or the name).
