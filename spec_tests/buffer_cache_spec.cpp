@@ -182,6 +182,13 @@ TEST(BufferCache, SetFromTheEnvironmentOnByDefault) {
   EXPECT_FALSE(mpi::buffer_cache_stats().enabled);
   EXPECT_EQ(mpi::buffer_cache_stats().cached_bytes, 0u);
 
+  // The largest value taken (1e15 MiB, past size_t in bytes): the cache
+  // holds its most (2^62 bytes), not nothing.
+  ::setenv("PARTITA_BUFFER_CACHE_MIB", "1e15", 1);
+  mpi::buffer_cache_from_environment();
+  EXPECT_TRUE(mpi::buffer_cache_stats().enabled);
+  EXPECT_EQ(mpi::buffer_cache_stats().capacity_bytes, size_t{1} << 62);
+
   ::setenv("PARTITA_BUFFER_CACHE_MIB", "lots", 1);
   EXPECT_THROW(mpi::buffer_cache_from_environment(), Error);
   ::unsetenv("PARTITA_BUFFER_CACHE_MIB");

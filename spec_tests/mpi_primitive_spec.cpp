@@ -534,6 +534,13 @@ TEST(MpiData, TensorsCarryTheirDtypeAndShape) {
   EXPECT_EQ(got.scalar_type(), at::kHalf);
   EXPECT_EQ(got.sizes().vec(), (std::vector<int64_t>{2, 3}));
   EXPECT_TRUE(at::equal(got, sent)) << got;
+  // A conjugate view and a negative view travel as their values, not as
+  // the bits beneath their flags.
+  const at::Tensor z = at::complex(at::ones({2}, at::kDouble), at::full({2}, 2.0, at::kDouble)).conj();
+  const at::Tensor got_z = world.broadcast_data(z, 1);
+  EXPECT_TRUE(at::equal(at::imag(got_z.resolve_conj()), at::full({2}, -2.0, at::kDouble))) << got_z;
+  const at::Tensor minus = at::_neg_view(at::full({3}, 5.0, at::kDouble));
+  EXPECT_TRUE(at::equal(world.broadcast_data(minus, 1), at::full({3}, -5.0, at::kDouble)));
 
   // Rank r contributes r + 1 int64 values [r, r + 1, ...] (rank 0: int8).
   const auto dtype_of = [](int r) { return r == 0 ? at::kChar : at::kLong; };

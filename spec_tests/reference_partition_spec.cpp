@@ -173,6 +173,32 @@ TEST(ReferencePartition, UnstructuredAnswersAsOneDimensional) {
   }
 }
 
+// A Cartesian shape fits its team only with every extent at least 1 and
+// as many cells as workers: negative extents whose product is the size,
+// and extents whose product passes 2^64 and wraps to it, are refused.
+TEST(ReferencePartition, CartesianShapesThatOnlySeemToFitAreRefused) {
+  for (int n : {1, 2, 4, 12}) {
+    std::vector<Shape> wrong = {{-1, -n}, {0, n}, {}};
+    const unsigned __int128 wrapped = (static_cast<unsigned __int128>(1) << 64) + static_cast<unsigned __int128>(n);
+    for (int64_t a = 3; a < 1000000; ++a)
+      if (wrapped % a == 0 && wrapped / a <= static_cast<unsigned __int128>(INT64_MAX)) {
+        wrong.push_back({a, static_cast<int64_t>(wrapped / a)});
+        break;
+      }
+    EXPECT_EQ(wrong.size(), 4u) << "no pair of extents wraps to " << n;
+    for (const Shape& shape : wrong) {
+      bool threw = false;
+      try {
+        Partition::world(n).create_cartesian_topology_partition(shape);
+      } catch (const PartitionError& e) {
+        threw = e.rule() == rule_code::kShapeVolume;
+      }
+      EXPECT_TRUE(threw) << n << " workers took " << shape_string(shape);
+    }
+    EXPECT_EQ(Partition::world(n).create_cartesian_topology_partition({1, n}).size(), n);
+  }
+}
+
 TEST(ReferencePartition, UnionInclusiveAndEquality) {
   const auto w = Partition::world(6);
   const auto a = w.create_partition_inclusive({4, 1, 2});

@@ -2,6 +2,7 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <deque>
@@ -204,14 +205,23 @@ std::atomic<size_t> g_output_reuse_limit{kDefaultOutputReuseBytes};
 void set_output_reuse_limit(size_t bytes) { g_output_reuse_limit.store(bytes, std::memory_order_relaxed); }
 size_t output_reuse_limit() { return g_output_reuse_limit.load(std::memory_order_relaxed); }
 
+namespace {
+// A byte count from a number of units, at most 2^62 bytes (1e15 MiB is
+// about 1e21 bytes, past size_t: converting it was undefined, and on
+// x86-64 gave 0, which turns the cache off).
+size_t bytes_of(double units, double unit_bytes) {
+  return static_cast<size_t>(std::min(units * unit_bytes, 4611686018427387904.0));
+}
+}  // namespace
+
 void buffer_cache_from_environment() {
   const double reuse = number_from_environment("PARTITA_OUTPUT_REUSE_BYTES", double(kDefaultOutputReuseBytes));
   const double mib = number_from_environment("PARTITA_BUFFER_CACHE_MIB", double(kDefaultBufferCacheMiB));
   const double min_kib = number_from_environment("PARTITA_BUFFER_CACHE_MIN_KIB", 1024);
   // 0 turns it off: nothing is installed when it was not (LibTorch keeps its
   // own allocator), and one installed before stops holding blocks.
-  enable_buffer_cache(static_cast<size_t>(mib * (1 << 20)), static_cast<size_t>(min_kib * 1024));
-  set_output_reuse_limit(static_cast<size_t>(reuse));
+  enable_buffer_cache(bytes_of(mib, 1 << 20), bytes_of(min_kib, 1024));
+  set_output_reuse_limit(bytes_of(reuse, 1));
 }
 
 }  // namespace partita::mpi

@@ -203,7 +203,11 @@ Partition Partition::create_partition_union(const Partition& other) const {
 CartesianPartition Partition::create_cartesian_topology_partition(const Shape& shape) const {
   if (!s_) throw PartitionError("create_cartesian_topology_partition on the null partition",
                                        rule_code::kNullPartition);
-  if (shape.empty() || volume(shape) != size())
+  // Every extent at least 1, and their product (never past the team's size,
+  // so it cannot overflow) the team's size.
+  int64_t fitted = shape.empty() ? 0 : 1;
+  for (int64_t s : shape) fitted = s < 1 || fitted > size() / s ? 0 : fitted * s;
+  if (fitted != size())
     throw PartitionError("create_cartesian_topology_partition: shape " +
                          shape_string(shape) + " does not fit " + describe(), rule_code::kShapeVolume);
   // Same team, same order: the communicator is shared, not duplicated.

@@ -14,7 +14,9 @@ namespace {
 
 Bytes encode(const at::Tensor& t) {
   if (!t.defined()) return pack(std::vector<int64_t>{-1});
-  const at::Tensor c = t.detach().contiguous();
+  // (Its values, not its bits: a conjugate or negative view's flags do not
+  // travel.)
+  const at::Tensor c = t.detach().resolve_conj().resolve_neg().contiguous();
   std::vector<int64_t> header{static_cast<int64_t>(c.scalar_type()), c.dim()};
   for (int64_t s : c.sizes()) header.push_back(s);
   Bytes out = pack(header);

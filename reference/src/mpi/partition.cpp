@@ -125,7 +125,15 @@ Partition Partition::create_partition_union(const Partition& other) const {
 }
 
 Partition Partition::create_cartesian_topology_partition(const Shape& shape) const {
-  if (volume(shape) != size() || shape.empty())
+  // A grid of workers: no extent below 1, and as many cells as workers
+  // (counted in 128 bits, where no product of these extents overflows).
+  bool fits = !shape.empty();
+  __int128 cells = 1;
+  for (int64_t s : shape) {
+    if (s < 1) fits = false;
+    else if (cells <= size()) cells *= s;
+  }
+  if (!fits || cells != size())
     throw PartitionError("create_cartesian_topology_partition: shape " +
                          shape_string(shape) + " does not fit " + describe(), rule_code::kShapeVolume);
   return Partition(world_size_, workers_, shape, true);
