@@ -405,6 +405,31 @@ TEST(SmpObjects, DecoderRejectsEveryTruncationAndFlip) {
     EXPECT_THROW(smp::message::decode_ivalue_payload(c.payload, k), smp::MessageError) << "payload cut at " << k;
 }
 
+// Tuples nested a million deep in a valid frame of about a megabyte: the
+// unpickler would build them, and destroying the object would overflow
+// the receiver's stack. Refused as MessageError; 900 levels decode.
+TEST(SmpObjects, DecoderRefusesObjectsNestedTooDeep) {
+  const auto frame_of = [](size_t levels) {
+    const std::string pickle = std::string("\x80\x02)") + std::string(levels, '\x85') + ".";
+    std::string payload(8, '\0');
+    for (int b = 0; b < 8; ++b) payload[b] = static_cast<char>((pickle.size() >> (8 * b)) & 0xff);
+    payload += pickle + std::string(8, '\0');  // no tensors
+    return smp::message::frame(smp::message::Kind::IValue, 0, payload);
+  };
+  const std::string deep = frame_of(size_t{1} << 20);
+  EXPECT_CONTAINS(raised<smp::MessageError>([&] { smp::message::decode_ivalue(deep.data(), deep.size()); }),
+                  "objects nested deeper than 1000 levels");
+  const std::string fine = frame_of(900);
+  c10::IValue v = smp::message::decode_ivalue(fine.data(), fine.size());
+  int depth = 0;
+  while (v.isTuple() && !v.toTupleRef().elements().empty()) {
+    c10::IValue inner = v.toTupleRef().elements()[0];
+    v = inner;
+    ++depth;
+  }
+  EXPECT_EQ(depth, 900);  // 900 tuples around the empty one
+}
+
 // --- misuse ---------------------------------------------------------------------------
 
 TEST(SmpObjects, RecvFromWithNoSenderFailsWithinTheDeadline) {

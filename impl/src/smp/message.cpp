@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -192,11 +193,30 @@ at::Tensor take_tensor(Reader& r, size_t index) {
 void validate_pickle(const char* data, std::size_t n) {
   Reader r(data, n, "smp message: pickle");
   auto bad = [](const std::string& why) -> MessageError { return MessageError("smp message: the pickle is not a valid object: " + why); };
+  // Each item on the simulated stack is its nesting depth (0: a scalar, a
+  // string, a global; a container: one more than its deepest item): the
+  // unpickler builds any depth without recursing, but the object it
+  // returns is destroyed one level per call, so a message of a million
+  // nested tuples (a few megabytes) would overflow the receiver's stack.
+  constexpr uint32_t kMaxDepth = 1000;
+  std::vector<uint32_t> stack, memo_depths;
   std::vector<std::size_t> marks;
-  std::size_t stack = 0, memo = 0;
+  auto push = [&](uint32_t depth) {
+    if (depth > kMaxDepth) throw bad("objects nested deeper than " + std::to_string(kMaxDepth) + " levels");
+    stack.push_back(depth);
+  };
   auto need = [&](std::size_t k, const char* op) {
     const std::size_t floor = marks.empty() ? 0 : marks.back();
-    if (stack < floor + k) throw bad(std::string(op) + " finds too few items on the stack");
+    if (stack.size() < floor + k) throw bad(std::string(op) + " finds too few items on the stack");
+  };
+  // Pops the top k items; returns the deepest one's depth (0 for none).
+  auto pop = [&](std::size_t k) {
+    uint32_t deepest = 0;
+    for (std::size_t i = 0; i < k; ++i) {
+      deepest = std::max(deepest, stack.back());
+      stack.pop_back();
+    }
+    return deepest;
   };
   auto line = [&]() {
     std::string s;
@@ -211,7 +231,13 @@ void validate_pickle(const char* data, std::size_t n) {
     if (marks.empty()) throw bad(std::string(op) + " without a MARK");
     const std::size_t m = marks.back();
     marks.pop_back();
-    return stack - m;  // items above the mark
+    return stack.size() - m;  // items above the mark
+  };
+  // The container on top of the stack takes items of depth `deepest`.
+  auto fill = [&](uint32_t deepest) {
+    const uint32_t container = stack.back();
+    stack.pop_back();
+    push(std::max(container, deepest + 1));
   };
   const uint8_t proto = r.u8("PROTO");
   if (proto != 0x80 || r.u8("protocol") != 2) throw bad("it does not start with PROTO 2");
@@ -219,10 +245,10 @@ void validate_pickle(const char* data, std::size_t n) {
     const uint8_t op = r.u8("opcode");
     switch (op) {
       case '.':  // STOP
-        if (stack != 1 || !marks.empty()) throw bad("STOP with " + std::to_string(stack) + " items on the stack");
+        if (stack.size() != 1 || !marks.empty()) throw bad("STOP with " + std::to_string(stack.size()) + " items on the stack");
         if (r.left() != 0) throw bad(std::to_string(r.left()) + " bytes after STOP");
         return;
-      case '(': marks.push_back(stack); break;  // MARK
+      case '(': marks.push_back(stack.size()); break;  // MARK
       case 'c': {  // GLOBAL
         const std::string module = line(), name = line();
         const bool known =
@@ -231,67 +257,74 @@ void validate_pickle(const char* data, std::size_t n) {
               name == "build_boollist" || name == "build_tensorlist" || name == "restore_type_tag")) ||
             (module == "torch" && name == "device");
         if (!known) throw bad("global " + module + "." + name + " is not one LibTorch's pickler writes");
-        ++stack;
+        push(0);
         break;
       }
-      case 'J': r.take(4, "BININT"); ++stack; break;
-      case 'K': r.take(1, "BININT1"); ++stack; break;
-      case 'M': r.take(2, "BININT2"); ++stack; break;
+      case 'J': r.take(4, "BININT"); push(0); break;
+      case 'K': r.take(1, "BININT1"); push(0); break;
+      case 'M': r.take(2, "BININT2"); push(0); break;
       case 0x8a: {  // LONG1
         const uint8_t len = r.u8("LONG1 length");
         if (len > 8) throw bad("an integer of " + std::to_string(len) + " bytes");
         r.take(len, "LONG1");
-        ++stack;
+        push(0);
         break;
       }
-      case 'G': r.take(8, "BINFLOAT"); ++stack; break;
+      case 'G': r.take(8, "BINFLOAT"); push(0); break;
       case 'X': {  // BINUNICODE
         r.take(r.u32("BINUNICODE length"), "BINUNICODE");
-        ++stack;
+        push(0);
         break;
       }
       case 'q':
       case 'r': {  // BINPUT, LONG_BINPUT
         const uint64_t id = op == 'q' ? r.u8("BINPUT") : r.u32("LONG_BINPUT");
         need(1, "BINPUT");
-        if (id != memo) throw bad("memo slot " + std::to_string(id) + " where the pickler writes " + std::to_string(memo));
-        ++memo;
+        if (id != memo_depths.size())
+          throw bad("memo slot " + std::to_string(id) + " where the pickler writes " + std::to_string(memo_depths.size()));
+        memo_depths.push_back(stack.back());
         break;
       }
       case 'h':
       case 'j': {  // BINGET, LONG_BINGET
         const uint64_t id = op == 'h' ? r.u8("BINGET") : r.u32("LONG_BINGET");
-        if (id >= memo) throw bad("memo slot " + std::to_string(id) + " read before it was written");
-        ++stack;
+        if (id >= memo_depths.size()) throw bad("memo slot " + std::to_string(id) + " read before it was written");
+        push(memo_depths[id]);
         break;
       }
       case ']':
       case ')':
-      case '}':
+      case '}': push(1); break;  // EMPTY_LIST/TUPLE/DICT
       case 'N':
       case 0x88:
-      case 0x89: ++stack; break;  // EMPTY_LIST/TUPLE/DICT, NONE, NEWTRUE, NEWFALSE
-      case 'a': need(2, "APPEND"); --stack; break;
-      case 's': need(3, "SETITEM"); stack -= 2; break;
+      case 0x89: push(0); break;  // NONE, NEWTRUE, NEWFALSE
+      case 'a': need(2, "APPEND"); fill(pop(1)); break;
+      case 's': need(3, "SETITEM"); fill(pop(2)); break;
       case 'e':
       case 'u': {  // APPENDS, SETITEMS: a container below the mark
         const std::size_t items = to_mark(op == 'e' ? "APPENDS" : "SETITEMS");
         if (op == 'u' && items % 2) throw bad("SETITEMS with an odd number of items");
-        stack -= items;
-        if (stack < 1 + (marks.empty() ? 0 : marks.back())) throw bad("APPENDS/SETITEMS without a container");
+        const uint32_t deepest = pop(items);
+        if (stack.size() < 1 + (marks.empty() ? 0 : marks.back())) throw bad("APPENDS/SETITEMS without a container");
+        if (items > 0) fill(deepest);
         break;
       }
-      case 't': stack -= to_mark("TUPLE"); ++stack; break;
+      case 't': push(pop(to_mark("TUPLE")) + 1); break;
       case 0x85:
       case 0x86:
       case 0x87: {  // TUPLE1-3
         const std::size_t k = op - 0x84u;
         need(k, "TUPLEn");
-        stack = stack - k + 1;
+        push(pop(k) + 1);
         break;
       }
-      case 'R': need(2, "REDUCE"); --stack; break;
-      case 'b': need(2, "BUILD"); --stack; break;
+      case 'R': need(2, "REDUCE"); push(pop(2)); break;  // callable(args): as deep as its arguments
+      case 'b': {  // BUILD: the object below takes its state
+        need(2, "BUILD");
+        const uint32_t state = pop(1), object = pop(1);
+        push(std::max(object, state));
+        break;
+      }
       default: {
         char hex[8];
         std::snprintf(hex, sizeof hex, "0x%02x", op);
