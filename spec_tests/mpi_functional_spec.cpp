@@ -6,6 +6,8 @@
 // and 4 ranks with teams of 1, 2 and 2x2 workers.
 #include <gtest/gtest.h>
 
+#include <c10/core/InferenceMode.h>
+
 #include <torch/torch.h>
 
 #include <cstring>
@@ -259,6 +261,50 @@ TEST_P(Functional, HaloExchangeInPlace) {
     }
     EXPECT_TRUE(agreed(rule == rule_code::kInPlaceLeaf)) << "rank " << mpi::world_rank() << ": '" << rule << "'";
     EXPECT_TRUE(same_bits(leaf.detach(), w));
+  }
+  // Under grad mode off a leaf that requires grad changes in place, as in
+  // autograd (and DistDL under no_grad): every rank's ghosts are filled.
+  {
+    const at::Tensor leaf = w.clone().requires_grad_(true);
+    std::string error;
+    {
+      at::NoGradGuard off;
+      try {
+        F::halo_exchange_(leaf, ph);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    EXPECT_TRUE(agreed(error.empty() && same_bits(leaf.detach(), y0.detach())))
+        << "under NoGradGuard, rank " << mpi::world_rank() << ": '" << error << "'";
+  }
+  // On the last rank only, one of chunk's outputs (a view autograd cannot
+  // rebase), then an inference tensor outside InferenceMode: every rank
+  // raises input.in_place_refused before anything moves, and the last
+  // rank's tensor is intact.
+  for (const bool inference : {false, true}) {
+    const bool odd = mpi::world_rank() == mpi::world_size() - 1;
+    at::Tensor x;
+    at::Tensor whole;
+    if (odd && inference) {
+      c10::InferenceMode on;
+      x = w.clone();
+    } else if (odd) {
+      whole = at::cat({w, w}).requires_grad_(true) * 1;
+      x = whole.chunk(2, 0)[0];
+    } else {
+      x = w.clone().requires_grad_(true) * 1;
+    }
+    std::string rule;
+    try {
+      F::halo_exchange_(x, ph);
+    } catch (const ShapeError& e) {
+      rule = e.rule();
+    }
+    EXPECT_TRUE(agreed(rule == rule_code::kInPlaceRefused))
+        << (inference ? "an inference tensor" : "a chunk") << " on the last rank; rank " << mpi::world_rank() << ": '"
+        << rule << "'";
+    if (odd) EXPECT_TRUE(same_bits(x.detach(), w));
   }
 }
 

@@ -565,6 +565,16 @@ TEST(MpiData, TensorsCarryTheirDtypeAndShape) {
   else EXPECT_FALSE(inside.defined());
   // A root outside the partition: an error on every member.
   EXPECT_THROW(world.broadcast_data(sent, n), PartitionError);
+  // A payload above MPI's count limit on one rank: every rank raises, none
+  // waits for it (the lengths are gathered first).
+  std::string too_large;
+  try {
+    (void)world.allgather_data(me == 1 ? mpi::Bytes(size_t{INT_MAX} + 1, 'x') : mpi::Bytes("x"));
+  } catch (const Error& e) {
+    too_large = e.what();
+  }
+  EXPECT_NE(too_large.find("allgather_data: rank 1's payload is larger than INT_MAX bytes"), std::string::npos)
+      << "rank " << me << ": " << too_large;
 }
 
 // partita::mpi::Environment turns the buffer cache on (docs/mpi-runtime.md)

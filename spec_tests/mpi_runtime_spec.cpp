@@ -385,5 +385,54 @@ TEST(AbandonedOperations, HaloExchangeKeepsItsBuffersForALatePeer) {
                                            "halo exchange");
 }
 
+// The same for the collectives of partitions' metadata and of the
+// agreements on a call's arguments: allgather_data (its first step, the
+// lengths) and broadcast_data (its first step, the agreement on the root).
+// Their buffers lived on the stack or in locals, freed when the wait gave
+// up. Each takes several collectives: rank 0 gives up the first, the late
+// ranks finish it with rank 0 (into rank 0's kept buffers) and give up the
+// next one, which rank 0 never joins; every rank checks after that. Each
+// runs on a communicator of its own, which it leaves broken.
+TEST(AbandonedOperations, MetadataCollectivesKeepTheirBuffersForALatePeer) {
+  const int me = mpi::world_rank(), n = mpi::world_size();
+  if (n < 2) GTEST_SKIP() << "one rank waits for no one";
+  constexpr int64_t kBytes = 16384;
+  const std::vector<std::pair<std::string, std::function<void(const mpi::Partition&)>>> ops = {
+      {"allgather_data", [](const mpi::Partition& P) { (void)P.allgather_data(mpi::Bytes(kBytes, 'a')); }},
+      {"broadcast_data", [n](const mpi::Partition& P) { (void)P.broadcast_data(mpi::Bytes(kBytes, 'b'), n - 1); }}};
+  Ranks everyone(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) everyone[r] = r;
+  for (const auto& [what, op] : ops) {
+    const mpi::Partition P = mpi::Partition::world().create_partition_inclusive(everyone);
+    const double before = mpi::deadline();
+    const long kept = mpi::kept_forever();
+    const testing::ExpectedDeadlineMisses expected;
+    at::Tensor after;
+    bool missed = false;
+    if (me == 0) {
+      mpi::set_deadline(0.3);
+      try {
+        op(P);
+      } catch (const DeadlineError&) {
+        missed = true;
+      }
+      after = at::full({kBytes / 8}, -7.0, at::kDouble);  // where freed buffers would be handed out again
+      EXPECT_TRUE(missed) << "rank 0 should have given the " << what << " up at its deadline";
+      EXPECT_GT(mpi::kept_forever(), kept) << "the given-up " << what << "'s buffers were not kept";
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      mpi::set_deadline(1.0);
+      try {
+        op(P);
+      } catch (const DeadlineError&) {
+      }
+    }
+    mpi::set_deadline(before);
+    // Rank 0 progresses MPI here while the late ranks finish the first step.
+    EXPECT_TRUE(mpi::all_true(true, mpi::world_comm()));
+    if (me == 0) EXPECT_EQ(after.ne(-7.0).nonzero().numel(), 0) << "the late " << what << " wrote into new memory";
+  }
+}
+
 }  // namespace
 }  // namespace partita::spec

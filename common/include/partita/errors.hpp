@@ -56,6 +56,9 @@ inline constexpr const char* kCountOverflow = "input.count_overflow";  // more t
 inline constexpr const char* kStaticShapes = "input.static_shapes";  // a static-shapes promise broken
 inline constexpr const char* kMessageSize = "input.message_size";  // a receive's tensor vs its message
 inline constexpr const char* kInPlaceLeaf = "input.in_place_leaf";  // in-place call on a leaf requiring grad
+// an in-place call on an inference tensor outside InferenceMode, or on a
+// view autograd cannot rebase
+inline constexpr const char* kInPlaceRefused = "input.in_place_refused";
 inline constexpr const char* kOutTensor = "input.out_tensor";  // an out= call's out refused
 inline constexpr const char* kGradMode = "input.grad_mode";  // grad wanted on one rank, grad mode off on another
 }  // namespace rule_code

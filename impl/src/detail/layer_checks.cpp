@@ -40,6 +40,17 @@ void check_inputs(const std::string& layer, const Partition& P_union, const Part
                        " passed a leaf tensor that requires grad to an in-place exchange, which "
                        "would overwrite it; pass a tensor computed from it (e.g. x.clone()) or "
                        "use the out-of-place form", rule_code::kInPlaceLeaf);
+    if (h.status == Header::kInPlaceInference)
+      throw ShapeError(layer + ": worker " + std::to_string(w) +
+                       " passed an inference tensor to an in-place exchange outside c10::InferenceMode, where "
+                       "it may not change in place; call it under InferenceMode, or pass a clone",
+                       rule_code::kInPlaceRefused);
+    if (h.status == Header::kInPlaceView)
+      throw ShapeError(layer + ": worker " + std::to_string(w) +
+                       " passed a view that autograd cannot rebase (one of several outputs, as chunk or "
+                       "split make, or one made under grad mode off) to an in-place exchange; pass a clone "
+                       "of it or use the out-of-place form",
+                       rule_code::kInPlaceRefused);
     if (h.status == Header::kBadDtype)
       throw ShapeError(layer + ": worker " + std::to_string(w) + " passed dtype " +
                        dtype_name(h.scalar_type()) + ", which partita cannot move",

@@ -69,11 +69,13 @@ void check_plan(const Partition& P, const std::string& what, const std::vector<P
   const int n = P.size(), me = P.rank();
   constexpr int k = sizeof(PeerClaim) / sizeof(int64_t);
   static_assert(sizeof(PeerClaim) == 5 * sizeof(int64_t), "PeerClaim is sent as int64 words");
-  std::vector<PeerClaim> theirs(n);
+  // Both buffers on the heap, kept where the wait gives the exchange up.
+  const auto held = std::make_shared<std::pair<std::vector<PeerClaim>, std::vector<PeerClaim>>>(claims, std::vector<PeerClaim>(n));
+  const std::vector<PeerClaim>& theirs = held->second;
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Ialltoall(claims.data(), k, MPI_INT64_T, theirs.data(), k, MPI_INT64_T,
+  PARTITA_MPI_CHECK(MPI_Ialltoall(held->first.data(), k, MPI_INT64_T, held->second.data(), k, MPI_INT64_T,
                                   P.comm(), &req));
-  wait(req, (what + " plan check").c_str());
+  wait_holding(req, (what + " plan check").c_str(), held);
   std::string error;
   for (int p = 0; p < n && error.empty(); ++p) {
     if (p == me) continue;
@@ -140,14 +142,15 @@ std::vector<Ranks> deserialize(const std::vector<int64_t>& v) {
 }
 
 std::vector<int64_t> bcast_from(MPI_Comm comm, int root, std::vector<int64_t> v, const char* what) {
-  int64_t n = static_cast<int64_t>(v.size());
+  // On the heap, kept where a wait gives its broadcast up.
+  const auto held = std::make_shared<std::pair<int64_t, std::vector<int64_t>>>(static_cast<int64_t>(v.size()), std::move(v));
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Ibcast(&n, 1, MPI_INT64_T, root, comm, &req));
-  wait(req, what);
-  v.resize(static_cast<size_t>(n));
-  PARTITA_MPI_CHECK(MPI_Ibcast(v.data(), static_cast<int>(n), MPI_INT64_T, root, comm, &req));
-  wait(req, what);
-  return v;
+  PARTITA_MPI_CHECK(MPI_Ibcast(&held->first, 1, MPI_INT64_T, root, comm, &req));
+  wait_holding(req, what, held);
+  held->second.resize(static_cast<size_t>(held->first));
+  PARTITA_MPI_CHECK(MPI_Ibcast(held->second.data(), static_cast<int>(held->first), MPI_INT64_T, root, comm, &req));
+  wait_holding(req, what, held);
+  return held->second;
 }
 
 }  // namespace
@@ -160,12 +163,13 @@ void agree_on_teams(MPI_Comm comm, const std::string& what, const std::vector<Ra
   const auto mine = serialize(teams);
   Fingerprint f;
   f.add(mine);
-  const auto h = static_cast<int64_t>(f.h);
-  std::vector<int64_t> all(static_cast<size_t>(n));
+  const auto held = std::make_shared<std::pair<int64_t, std::vector<int64_t>>>(static_cast<int64_t>(f.h),
+                                                                              std::vector<int64_t>(static_cast<size_t>(n)));
+  const std::vector<int64_t>& all = held->second;
   MPI_Request req;
   const std::string label = what + " team check";
-  PARTITA_MPI_CHECK(MPI_Iallgather(&h, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, comm, &req));
-  wait(req, label.c_str());
+  PARTITA_MPI_CHECK(MPI_Iallgather(&held->first, 1, MPI_INT64_T, held->second.data(), 1, MPI_INT64_T, comm, &req));
+  wait_holding(req, label.c_str(), held);
   int other = -1;
   for (int r = 1; r < n && other < 0; ++r)
     if (all[r] != all[0]) other = r;

@@ -24,7 +24,12 @@ namespace partita::mpi::detail {
 struct Header {
   // kInPlaceLeaf: an in-place call (halo_exchange_) on a leaf that requires
   // grad, which autograd forbids.
-  enum Status : int64_t { kOk = 0, kTooManyDims = 1, kBadDtype = 2, kInPlaceLeaf = 3 };
+  // kInPlaceInference: an inference tensor outside c10::InferenceMode;
+  // kInPlaceView: a view autograd cannot rebase (one of several outputs, as
+  // chunk makes, or one made under grad mode off).
+  enum Status : int64_t {
+    kOk = 0, kTooManyDims = 1, kBadDtype = 2, kInPlaceLeaf = 3, kInPlaceInference = 4, kInPlaceView = 5
+  };
   int64_t status = kOk;
   int64_t dtype = 0;
   // kWantsGrad: the input requires grad and grad mode is on; kGradModeOff:

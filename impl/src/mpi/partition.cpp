@@ -1,6 +1,7 @@
 #include "partita/mpi/partition.hpp"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdint>
 #include <functional>
@@ -444,25 +445,32 @@ Bytes Partition::broadcast_data(const Bytes& data, int root) const {
       throw PartitionError("broadcast_data: root " + std::to_string(root) + " outside " +
                            describe(), rule_code::kRootRange);
   });
-  int64_t len = static_cast<int64_t>(data.size());
+  // Every buffer on the heap, kept where a wait gives its operation up.
+  struct Held {
+    int64_t len = 0;
+    Bytes out;
+  };
+  const auto h = std::make_shared<Held>();
+  h->len = static_cast<int64_t>(data.size());
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Ibcast(&len, 1, MPI_INT64_T, root, comm(), &req));
-  wait(req, "broadcast_data");
-  if (len > INT_MAX) throw Error("broadcast_data: payload larger than INT_MAX bytes");
-  Bytes out = rank() == root ? data : Bytes(static_cast<size_t>(len), '\0');
-  PARTITA_MPI_CHECK(
-      MPI_Ibcast(out.data(), static_cast<int>(len), MPI_BYTE, root, comm(), &req));
-  wait(req, "broadcast_data");
-  return out;
+  PARTITA_MPI_CHECK(MPI_Ibcast(&h->len, 1, MPI_INT64_T, root, comm(), &req));
+  wait_holding(req, "broadcast_data", h);
+  if (h->len > INT_MAX) throw Error("broadcast_data: payload larger than INT_MAX bytes");
+  h->out = rank() == root ? data : Bytes(static_cast<size_t>(h->len), '\0');
+  PARTITA_MPI_CHECK(MPI_Ibcast(h->out.data(), static_cast<int>(h->len), MPI_BYTE, root, comm(), &req));
+  wait_holding(req, "broadcast_data", h);
+  return std::move(h->out);
 }
 
 Bytes Partition::broadcast_data(const Bytes& data, int root, const Partition& P_data) const {
   if (!active()) return {};
   // Which of our ranks is rank `root` of P_data? Exactly one member knows.
-  int mine = P_data.active() && P_data.rank() == root ? rank() : -1, found = -1;
+  const auto ranks = std::make_shared<std::array<int, 2>>();
+  (*ranks)[0] = P_data.active() && P_data.rank() == root ? rank() : -1;
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Iallreduce(&mine, &found, 1, MPI_INT, MPI_MAX, comm(), &req));
-  wait(req, "broadcast_data");
+  PARTITA_MPI_CHECK(MPI_Iallreduce(&(*ranks)[0], &(*ranks)[1], 1, MPI_INT, MPI_MAX, comm(), &req));
+  wait_holding(req, "broadcast_data", ranks);
+  const int found = (*ranks)[1];
   if (found < 0)
     throw PartitionError("broadcast_data: rank " + std::to_string(root) +
                          " of P_data is not a member of " + describe(), rule_code::kRootRange);
@@ -471,25 +479,36 @@ Bytes Partition::broadcast_data(const Bytes& data, int root, const Partition& P_
 
 std::vector<Bytes> Partition::allgather_data(const Bytes& data) const {
   if (!active()) return {};
-  if (data.size() > static_cast<size_t>(INT_MAX))
-    throw Error("allgather_data: payload larger than INT_MAX bytes");
-  int len = static_cast<int>(data.size());
-  std::vector<int> lens(size()), displs(size());
+  struct Held {
+    int64_t len = 0;
+    std::vector<int64_t> lens;
+    std::vector<int> counts, displs;
+    Bytes sent, all;
+  };
+  const auto h = std::make_shared<Held>();
+  h->len = static_cast<int64_t>(data.size());
+  h->lens.resize(size());
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm(), &req));
-  wait(req, "allgather_data");
+  PARTITA_MPI_CHECK(MPI_Iallgather(&h->len, 1, MPI_INT64_T, h->lens.data(), 1, MPI_INT64_T, comm(), &req));
+  wait_holding(req, "allgather_data", h);
+  // Every rank sees every length: a payload too large on one rank raises
+  // on all of them.
   int64_t total = 0;
   for (int i = 0; i < size(); ++i) {
-    displs[i] = static_cast<int>(total);
-    total += lens[i];
+    if (h->lens[i] > INT_MAX)
+      throw Error("allgather_data: rank " + std::to_string(i) + "'s payload is larger than INT_MAX bytes");
+    h->displs.push_back(static_cast<int>(std::min<int64_t>(total, INT_MAX)));
+    h->counts.push_back(static_cast<int>(h->lens[i]));
+    total += h->lens[i];
   }
   if (total > INT_MAX) throw Error("allgather_data: gathered payload larger than INT_MAX");
-  Bytes all(static_cast<size_t>(total), '\0');
-  PARTITA_MPI_CHECK(MPI_Iallgatherv(data.data(), len, MPI_BYTE, all.data(), lens.data(),
-                                    displs.data(), MPI_BYTE, comm(), &req));
-  wait(req, "allgather_data");
+  h->sent = data;
+  h->all.assign(static_cast<size_t>(total), '\0');
+  PARTITA_MPI_CHECK(MPI_Iallgatherv(h->sent.data(), static_cast<int>(h->len), MPI_BYTE, h->all.data(),
+                                    h->counts.data(), h->displs.data(), MPI_BYTE, comm(), &req));
+  wait_holding(req, "allgather_data", h);
   std::vector<Bytes> out;
-  for (int i = 0; i < size(); ++i) out.push_back(all.substr(displs[i], lens[i]));
+  for (int i = 0; i < size(); ++i) out.push_back(h->all.substr(h->displs[i], h->counts[i]));
   return out;
 }
 

@@ -1,6 +1,8 @@
 #include "partita/nn/halo_exchange.hpp"
 
 #include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 
@@ -264,10 +266,21 @@ struct HaloLayer : std::enable_shared_from_this<HaloLayer> {
   at::Tensor forward_in_place(const at::Tensor& x) const {
     if (!P_x.active()) return x;
     Header mine = make_header(x);
-    // As autograd's own in-place rule: neither a leaf that requires grad
-    // nor a view of one may change in place.
-    const bool leaf = x.requires_grad() && (x.is_leaf() || (x.is_view() && x._base().is_leaf()));
-    if (leaf && mine.status == Header::kOk) mine.status = Header::kInPlaceLeaf;
+    // As autograd's own in-place rules, on every rank before anything
+    // moves: with grad mode on, neither a leaf that requires grad nor a
+    // view of one may change in place, nor a view autograd cannot rebase
+    // (the node is attached to x's history); an inference tensor changes
+    // in place only under InferenceMode.
+    if (mine.status == Header::kOk) {
+      const bool grad = at::GradMode::is_enabled();
+      const bool leaf = grad && x.requires_grad() && (x.is_leaf() || (x.is_view() && x._base().is_leaf()));
+      const auto* view = x.is_view() ? torch::autograd::impl::get_view_autograd_meta(x) : nullptr;
+      const bool unrebasable = grad && view && view->has_bw_view() &&
+                               view->get_creation_meta() != torch::autograd::CreationMeta::DEFAULT;
+      if (leaf) mine.status = Header::kInPlaceLeaf;
+      else if (x.is_inference() && !c10::InferenceMode::is_enabled()) mine.status = Header::kInPlaceInference;
+      else if (unrebasable) mine.status = Header::kInPlaceView;
+    }
     const auto p = prepare(mine);
     {
       at::NoGradGuard no_grad;

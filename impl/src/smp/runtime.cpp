@@ -303,11 +303,12 @@ Frame recv_frame(int src_rank, RankType rank_type, std::string* context) {
       what.c_str());
   int count = 0;
   PARTITA_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
-  Frame frame(static_cast<size_t>(count), '\0');
+  // On the heap, kept where the wait gives the receive up.
+  const auto frame = std::make_shared<Frame>(static_cast<size_t>(count), '\0');
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Imrecv(frame.data(), count, MPI_BYTE, &message, &req));
-  mpi::wait(req, what.c_str());
-  return frame;
+  PARTITA_MPI_CHECK(MPI_Imrecv(frame->data(), count, MPI_BYTE, &message, &req));
+  mpi::wait_holding(req, what.c_str(), frame);
+  return std::move(*frame);
 }
 
 std::vector<Frame> allgather_frames(const Frame& frame, CommGroup group, std::string* context) {
@@ -317,11 +318,22 @@ std::vector<Frame> allgather_frames(const Frame& frame, CommGroup group, std::st
   if (context) *context = call;
   int n = 0;
   MPI_Comm_size(comm, &n);
-  int len = static_cast<int>(frame.size());
-  std::vector<int> lens(n), offsets(n, 0);
+  // Every buffer on the heap, kept where a wait gives its operation up.
+  struct Held {
+    int len = 0;
+    std::vector<int> lens, offsets;
+    Frame sent;
+    std::string all;
+  };
+  const auto h = std::make_shared<Held>();
+  h->len = static_cast<int>(frame.size());
+  h->lens.assign(n, 0);
+  h->offsets.assign(n, 0);
+  std::vector<int>& lens = h->lens;
+  std::vector<int>& offsets = h->offsets;
   MPI_Request req;
-  PARTITA_MPI_CHECK(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm, &req));
-  mpi::wait(req, call.c_str());
+  PARTITA_MPI_CHECK(MPI_Iallgather(&h->len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm, &req));
+  mpi::wait_holding(req, call.c_str(), h);
   long long total = 0;
   for (int r = 0; r < n; ++r) {
     if (r) offsets[r] = offsets[r - 1] + lens[r - 1];
@@ -329,12 +341,13 @@ std::vector<Frame> allgather_frames(const Frame& frame, CommGroup group, std::st
     if (total > 0x7fffffffLL)  // every member sees the same lengths: all raise
       throw MessageError(call + ": the members' objects add up to more than 2 GiB");
   }
-  std::string all(static_cast<size_t>(total), '\0');
-  PARTITA_MPI_CHECK(MPI_Iallgatherv(frame.data(), len, MPI_BYTE, all.data(), lens.data(), offsets.data(),
+  h->sent = frame;
+  h->all.assign(static_cast<size_t>(total), '\0');
+  PARTITA_MPI_CHECK(MPI_Iallgatherv(h->sent.data(), h->len, MPI_BYTE, h->all.data(), lens.data(), offsets.data(),
                                     MPI_BYTE, comm, &req));
-  mpi::wait(req, call.c_str());
+  mpi::wait_holding(req, call.c_str(), h);
   std::vector<Frame> out;
-  for (int r = 0; r < n; ++r) out.push_back(all.substr(offsets[r], lens[r]));
+  for (int r = 0; r < n; ++r) out.push_back(h->all.substr(offsets[r], lens[r]));
   (void)s;
   return out;
 }

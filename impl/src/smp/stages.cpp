@@ -370,10 +370,13 @@ Stages split_into_stages(const std::shared_ptr<torch::nn::Module>& model, const 
     // so that every replica and tp rank splits the model alike. (Every rank
     // builds the same model, so all take this branch or none.)
     if (distributed && !params.empty()) {
+      // On the heap, kept where the wait gives the sum up.
+      const auto counts = std::make_shared<std::vector<int64_t>>(params);
       MPI_Request req;
-      PARTITA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, params.data(), static_cast<int>(params.size()), MPI_INT64_T,
+      PARTITA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, counts->data(), static_cast<int>(counts->size()), MPI_INT64_T,
                                        MPI_SUM, communicator(WORLD), &req));
-      mpi::wait(req, "smp::DistributedModel (the layers' parameter counts over the world)");
+      mpi::wait_holding(req, "smp::DistributedModel (the layers' parameter counts over the world)", counts);
+      params = *counts;
     }
     m.bounds = balance_by_parameters(params, stages);
   } else {

@@ -112,6 +112,18 @@ void keep_forever(T&&... buffers) {
 }
 // How many sets of buffers keep_forever() holds.
 long kept_forever();
+// wait() for an operation whose buffers all live in `held` (on the heap:
+// not on the stack, not in a moved string's inline bytes): where the wait
+// gives the operation up, `held` is kept for the rest of the process.
+template <typename T>
+void wait_holding(MPI_Request& request, const char* what, const std::shared_ptr<T>& held) {
+  try {
+    wait(request, what);
+  } catch (...) {
+    keep_forever_ptr(held);
+    throw;
+  }
+}
 
 // A reference to a callable run when call()'s wait gives its operation up
 // (it hands the operation's buffers to keep_forever); no allocation.
