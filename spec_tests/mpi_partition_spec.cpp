@@ -191,13 +191,7 @@ TEST(MpiPartition, BadArgumentsThrowOnEveryRank) {
   // Negative extents whose product is the size, and extents whose product
   // passes 2^64 and wraps to it: refused, not read out of bounds later.
   const int64_t n = mpi::world_size();
-  std::vector<Shape> wrong = {{-1, -n}};
-  const unsigned __int128 wrapped = (static_cast<unsigned __int128>(1) << 64) + static_cast<unsigned __int128>(n);
-  for (int64_t a = 3; a < 1000000; ++a)
-    if (wrapped % a == 0 && wrapped / a <= static_cast<unsigned __int128>(INT64_MAX)) {
-      wrong.push_back({a, static_cast<int64_t>(wrapped / a)});
-      break;
-    }
+  const std::vector<Shape> wrong = shapes_that_wrap_to(n);
   EXPECT_EQ(wrong.size(), 2u) << "no pair of extents wraps to " << n;
   for (const Shape& shape : wrong) {
     threw = false;

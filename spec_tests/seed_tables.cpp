@@ -1,5 +1,7 @@
 #include "seed_tables.hpp"
 
+#include <cstdint>
+
 #include <stdexcept>
 
 namespace partita::spec {
@@ -20,6 +22,17 @@ int expected_reduction_target(const ReductionExample& ex, const Index& i) {
   // 3x4 to 4x1 seen as 1x4: the column index of P_x picks the row.
   if (n == "example8_3x4_to_4x1_transpose_dest") return static_cast<int>(i[1]);
   throw std::logic_error("no expected target for " + n);
+}
+
+std::vector<Shape> shapes_that_wrap_to(int64_t n) {
+  std::vector<Shape> out = {{-1, -n}};
+  const unsigned __int128 wrapped = (static_cast<unsigned __int128>(1) << 64) + static_cast<unsigned __int128>(n);
+  for (int64_t a = 3; a < 1000000; ++a)
+    if (wrapped % a == 0 && wrapped / a <= static_cast<unsigned __int128>(INT64_MAX)) {
+      out.push_back({a, static_cast<int64_t>(wrapped / a)});
+      break;
+    }
+  return out;
 }
 
 }  // namespace partita::spec

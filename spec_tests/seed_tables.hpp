@@ -123,4 +123,9 @@ inline const std::vector<ReductionExample> kReductionExamples{
 // transposes) is the P_y index.
 int expected_reduction_target(const ReductionExample& ex, const Index& px_index);
 
+// Cartesian shapes that only seem to fit `n` workers: negative extents
+// whose product is n, and (where a factor below 10^6 exists) two extents
+// whose product passes 2^64 and wraps to n.
+std::vector<Shape> shapes_that_wrap_to(int64_t n);
+
 }  // namespace partita::spec
