@@ -383,6 +383,38 @@ TEST_P(Functional, RepartitionLargePieces) {
   }
 }
 
+// Constructor arguments every rank must pass alike, agreed when the layer
+// is built: an all-gather's tensor dimension (another dim on one rank moved
+// the same bytes into another shape, and the adjoint summed mismatched
+// elements, silently) and a repartition's exchange (a collective on some
+// ranks and messages on others waited for ever). Every rank raises
+// partition.arguments_differ, and the layers built alike work after it.
+TEST(FunctionalErrors, ConstructorArgumentsDifferOnOneRank) {
+  const int n = mpi::world_size(), me = mpi::world_rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  const auto line = mpi::Partition::world().create_cartesian_topology_partition({n});
+  const auto rule_of = [](const std::function<void()>& build) {
+    try {
+      build();
+    } catch (const PartitionError& e) {
+      return e.rule();
+    }
+    return std::string();
+  };
+  EXPECT_TRUE(agreed(rule_of([&] { nn::AllGather g(line, 0, me == n - 1 ? 1 : 0); }) == rule_code::kArgumentsDiffer))
+      << "AllGather on rank " << me;
+  EXPECT_TRUE(agreed(rule_of([&] { nn::ReduceScatter r(line, 0, me == 0 ? 1 : 0); }) == rule_code::kArgumentsDiffer))
+      << "ReduceScatter on rank " << me;
+  EXPECT_TRUE(agreed(rule_of([&] {
+                nn::Repartition r(line, line, me == 0 ? nn::RepartitionExchange::kAlltoallw
+                                                      : nn::RepartitionExchange::kPointToPoint);
+              }) == rule_code::kArgumentsDiffer))
+      << "Repartition on rank " << me;
+  nn::AllGather g(line, 0, 0);
+  const at::Tensor y = g(at::full({2}, me + 1.0, at::kDouble));
+  EXPECT_TRUE(agreed(y.numel() == 2 * n && y[2 * n - 1].item<double>() == n));
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, Functional, ::testing::Values(at::kDouble, at::kFloat),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
 

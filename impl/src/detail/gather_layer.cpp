@@ -3,6 +3,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include "detail/agreement.hpp"
 #include "detail/layer_checks.hpp"
 #include "detail/team_comm.hpp"
 #include "partita/errors.hpp"
@@ -101,7 +102,19 @@ std::shared_ptr<GatherLayer> make(bool gather, const mpi::Partition& P_x, int ax
   l->P_x = P_x;
   l->axis = axis;
   l->dim = dim;
-  if (dim < 0) throw PartitionError(l->name + ": negative tensor dimension", rule_code::kGatherNegativeDim);
+  // The tensor dimension must be valid and the same on every rank of P_x
+  // (another dim on one rank moved the same bytes into another shape).
+  const auto valid = [&] {
+    if (dim < 0) throw PartitionError(l->name + ": negative tensor dimension", rule_code::kGatherNegativeDim);
+  };
+  if (P_x.active()) {
+    mpi::detail::Fingerprint f;
+    f.add(static_cast<int64_t>(axis));
+    f.add(dim);
+    mpi::detail::checked(P_x.comm(), l->name.c_str(), f, valid, "axes or tensor dimensions");
+  } else {
+    valid();
+  }
   l->team = P_x.create_allreduction_partition({axis});
   l->groups = teams_along(P_x, {axis});
   l->plans.set_static_shapes(shapes == Shapes::kStatic);

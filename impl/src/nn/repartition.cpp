@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 
+#include "detail/agreement.hpp"
 #include "detail/box_view.hpp"
 #include "detail/layer_checks.hpp"
 #include "detail/plan_cache.hpp"
@@ -302,6 +303,13 @@ RepartitionPlan::RepartitionPlan(const mpi::Partition& P_x, const mpi::Partition
   l->P_union = P_x.create_partition_union(P_y);
   l->union_rank.assign(mpi::world_size(), -1);
   for (int u = 0; u < l->P_union.size(); ++u) l->union_rank[l->P_union.workers()[u]] = u;
+  // Every worker must move the data the same way (a collective on some and
+  // point-to-point messages on others wait for each other for ever).
+  if (l->P_union.active()) {
+    mpi::detail::Fingerprint f;
+    f.add(static_cast<int64_t>(how));
+    mpi::detail::checked(l->P_union.comm(), l->name.c_str(), f, [] {}, "exchanges (RepartitionExchange)");
+  }
   layer_ = l;
 }
 

@@ -740,7 +740,6 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     return false;
   }
 
-  // The parameters of chunk c that take gradients (W's inputs).
   // This rank's parameters of one kind (detail::replicated_parameters or
   // detail::distributed_parameters) over its chunks, each tensor once: a
   // module used twice on the stage, or a tie within it, is one parameter,
@@ -755,6 +754,7 @@ struct DistributedModel::Impl : std::enable_shared_from_this<DistributedModel::I
     return out;
   }
 
+  // The parameters of chunk c that take gradients (W's inputs).
   std::vector<at::Tensor> trainable(int c) const {
     std::vector<at::Tensor> out;
     for (int i = bounds[global(c)]; i < bounds[global(c) + 1]; ++i)
