@@ -1061,6 +1061,47 @@ TEST(PipelineErrors, StepFunctionFailsOnOneStage) {
   }
 }
 
+// A step function that never calls the model on one rank (or on all): the
+// stages that call it would wait for that rank's activations or gradients.
+// Every rank raises smp::UsageError at once, the others naming the rank
+// from its notice; on one rank a step without a model runs as before.
+TEST(PipelineErrors, StepFunctionWithoutTheModel) {
+  torch::set_num_threads(1);
+  const int n = mpi::world_size();
+  for (const char* pipeline : {"simple", "interleaved"}) {
+    init(n, pipeline);
+    smp::DistributedModel model(testing::build_model(mlp()));
+    smp::StepOptions o;
+    o.microbatches(4);
+    const at::Tensor x = torch::randn({8, 6}, torch::kDouble), y = torch::randn({8, 4}, torch::kDouble);
+    auto none = smp::step([&](at::Tensor x, at::Tensor) { return x.sum(); }, o);
+    if (n == 1) {
+      EXPECT_NEAR(none(x, y).reduce_sum().item<double>(), x.sum().item<double>(), 1e-12);
+      continue;
+    }
+    const Outcome all = outcome_of([&] { none(x, y); });
+    EXPECT_EQ(all.kind, "usage") << all.text;
+    EXPECT_CONTAINS(all.text, "did not call an smp::DistributedModel");
+    for (int skipping : {0, n - 1}) {
+      auto train = smp::step(
+          [&](at::Tensor x, at::Tensor y) {
+            if (smp::mp_rank() == skipping) return x.sum();
+            at::Tensor loss = torch::mse_loss(model(x), y);
+            model.backward(loss);
+            return loss;
+          },
+          o);
+      const Outcome got = outcome_of([&] { train(x, y); });
+      EXPECT_EQ(got.kind, "usage") << pipeline << " skipping " << skipping << ": " << got.text;
+      EXPECT_CONTAINS(got.text, stage_name(skipping, skipping));
+      EXPECT_CONTAINS(got.text, "did not call an smp::DistributedModel");
+    }
+    // The same model still trains.
+    auto good = testing::mse_step(model, 4);
+    EXPECT_GT(good(x, y).reduce_mean().item<double>(), 0);
+  }
+}
+
 // The second line of defence: the stages agree on the step's arguments, but
 // a stage runs the model on an input of another shape. Stage 1 finds it in
 // the header and raises; every other rank hears of it and raises the same

@@ -1518,7 +1518,16 @@ void PipelineStep::run(int index) {
 }
 
 void PipelineStep::finish(const std::vector<at::Tensor*>& returned) {
-  if (g_step->model) g_step->model->finish(returned);
+  if (g_step->model) {
+    g_step->model->finish(returned);
+  } else if (g_step->listening) {
+    // The stages that called the model would wait for this one's
+    // activations, the replicas for its gradients: raised here, and heard
+    // by every other rank from this rank's notice (fail).
+    throw UsageError("smp::step: the step function did not call an smp::DistributedModel on " + who() +
+                     " (seed 004: its return value must depend on the model's output); with more than "
+                     "one rank, every rank's step function must call the model in every microbatch");
+  }
   finished_ = true;
 }
 
