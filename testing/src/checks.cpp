@@ -293,6 +293,14 @@ std::string check_adjoint(const DistributedFunction& f, uint64_t seed, double* r
              std::to_string(me) + ")";
   }
   if (scale == 0) return f.name + " adjoint: every norm is zero (nothing was checked)";
+  // A norm that overflows (an element near 1e154 or above) makes the scale
+  // infinite and any gap zero: refused, not passed.
+  if (!std::isfinite(scale) || !std::isfinite(lhs) || !std::isfinite(rhs)) {
+    std::ostringstream os;
+    os << f.name << " adjoint identity: not finite (<F x, y> = " << lhs << ", <x, F* y> = " << rhs
+       << ", norms' scale " << scale << ")";
+    return os.str();
+  }
   if (!(gap <= bound)) {
     std::ostringstream os;
     os << f.name << " adjoint identity: <F x, y> = " << lhs << ", <x, F* y> = " << rhs
@@ -360,7 +368,8 @@ std::string check_finite_differences(const DistributedFunction& f, uint64_t seed
         if (!mine) continue;
         const double numeric = (up - down) / (2 * eps);
         const double analytic = g.view(-1)[i].item<double>();
-        if (std::abs(numeric - analytic) > atol + rtol * std::abs(numeric) && bad++ < 3)
+        // Written so that NaN on either side fails.
+        if (!(std::abs(numeric - analytic) <= atol + rtol * std::abs(numeric)) && bad++ < 3)
           problems << f.name << " gradient of element " << i << " (cotangent " << k
                    << "): backward " << analytic << ", finite differences " << numeric << "; ";
       }

@@ -329,6 +329,13 @@ std::string check_module_adjoint(const DistributedModule& m, uint64_t seed, Wrt 
   const std::string what = wrt == Wrt::Parameters ? "parameters" : "inputs";
   if (!y_kept) return m.name + " backward changed the cotangent its caller holds (on some rank)";
   if (scale == 0) return m.name + " adjoint in its " + what + ": every norm is zero (nothing was checked)";
+  // An overflowing norm would make the scale infinite and any gap zero.
+  if (!std::isfinite(scale) || !std::isfinite(sums[0]) || !std::isfinite(sums[1])) {
+    std::ostringstream os;
+    os << m.name << " adjoint identity in its " << what << ": not finite (<F(u) - F(0), y> = " << sums[0]
+       << ", <u, F* y> = " << sums[1] << ", norms' scale " << scale << ")";
+    return os.str();
+  }
   if (!(gap <= bound)) {
     std::ostringstream os;
     os << m.name << " adjoint identity in its " << what << ": <F(u) - F(0), y> = " << sums[0]
@@ -372,7 +379,7 @@ std::string check_module_finite_differences(const DistributedModule& m, uint64_t
   std::ostringstream problems;
   int bad = 0;
   auto judge = [&](const std::string& what, double numeric, double analytic) {
-    if (std::abs(numeric - analytic) > atol + rtol * std::abs(numeric) && bad++ < 3)
+    if (!(std::abs(numeric - analytic) <= atol + rtol * std::abs(numeric)) && bad++ < 3)  // NaN fails
       problems << m.name << " gradient of " << what << ": backward " << analytic << ", finite differences "
                << numeric << "; ";
   };
@@ -385,31 +392,36 @@ std::string check_module_finite_differences(const DistributedModule& m, uint64_t
         idx[d] = rest % g.size(d);
         rest /= g.size(d);
       }
-      std::vector<std::pair<size_t, int64_t>> held;  // (shard, flat local index)
+      std::vector<std::pair<size_t, std::vector<int64_t>>> held;  // (shard, local index)
       for (size_t i = 0; i < shards.size(); ++i) {
         if (shards[i].name != name) continue;
         const auto start = start_of(shards[i]);
-        int64_t flat = 0;
+        std::vector<int64_t> local(static_cast<size_t>(g.dim()));
         bool inside = true;
         for (int64_t d = 0; d < g.dim(); ++d) {
-          const int64_t local = idx[d] - start[d];
-          inside = inside && local >= 0 && local < shards[i].tensor.size(d);
-          flat = flat * shards[i].tensor.size(d) + local;
+          local[d] = idx[d] - start[d];
+          inside = inside && local[d] >= 0 && local[d] < shards[i].tensor.size(d);
         }
-        if (inside) held.emplace_back(i, flat);
+        if (inside) held.emplace_back(i, std::move(local));
       }
+      // The element itself, whatever the shard's strides (a parameter may
+      // be a transposed view).
+      auto element = [](at::Tensor t, const std::vector<int64_t>& at) {
+        for (int64_t i : at) t = t.select(0, i);
+        return t;
+      };
       auto nudge = [&](double by) {
         at::NoGradGuard no_grad;
-        for (const auto& [i, flat] : held) shards[i].tensor.view(-1)[flat] += by;
+        for (const auto& [i, local] : held) element(shards[i].tensor, local) += by;
       };
       nudge(eps);
       const double up = loss(x0);
       nudge(-2 * eps);
       const double down = loss(x0);
       nudge(eps);
-      for (const auto& [i, flat] : held)
+      for (const auto& [i, local] : held)
         judge("'" + name + "' element " + shape_text(idx), (up - down) / (2 * eps),
-              shard_grad[i].view(-1)[flat].item<double>());
+              element(shard_grad[i], local).item<double>());
     }
   }
   // Float inputs, every rank's in turn.

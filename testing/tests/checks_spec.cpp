@@ -15,6 +15,7 @@
 #include "partita/testing/case_runner.hpp"
 #include "partita/testing/checks.hpp"
 #include "partita/errors.hpp"
+#include "partita/testing/ivalue_compare.hpp"
 #include "partita/testing/lockstep.hpp"
 
 namespace partita::testing {
@@ -23,7 +24,8 @@ namespace {
 using Comm = mpi::Communicator;
 
 // allreduce(x, SUM) with a hand-written backward that can be made wrong.
-enum class Bug { none, doubled_gradient, writes_cotangent, ones_when_unused, undefined_when_unused, float32_off };
+enum class Bug { none, doubled_gradient, writes_cotangent, ones_when_unused, undefined_when_unused, float32_off,
+                 nan_gradient, huge_element };
 struct Summed : torch::autograd::Function<Summed> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t bug) {
     ctx->saved_data["bug"] = bug;
@@ -38,6 +40,8 @@ struct Summed : torch::autograd::Function<Summed> {
       return {at::ones_like(g[0]), at::Tensor()};
     at::Tensor gx = Comm::world().allreduce(g[0], ReduceOp::kSum).detach();
     if (bug == Bug::doubled_gradient) gx = gx * 2;
+    if (bug == Bug::nan_gradient) gx = gx * std::nan("");
+    if (bug == Bug::huge_element) gx.view(-1)[0] += 1e200;  // its square overflows
     if (bug == Bug::writes_cotangent) g[0].mul_(1.5);  // the caller's tensor
     return {gx, at::Tensor()};
   }
@@ -84,6 +88,13 @@ TEST(Checks, FailWhereTheyShould) {
   EXPECT_NE(agree(check_unused_output(summed(Bug::ones_when_unused), 1)), "");
   const std::string undefined = agree(check_unused_output(summed(Bug::undefined_when_unused), 1));
   EXPECT_NE(undefined.find("undefined"), std::string::npos) << undefined;
+  // NaN gradients fail finite differences; a gradient element whose square
+  // overflows (an infinite norm) fails the adjoint identity instead of
+  // making every gap zero.
+  const std::string nan = agree(check_finite_differences(summed(Bug::nan_gradient), 1));
+  EXPECT_NE(nan.find("backward nan, finite differences"), std::string::npos) << nan;
+  const std::string huge = agree(check_adjoint(summed(Bug::huge_element), 1));
+  EXPECT_NE(huge.find("adjoint identity: not finite"), std::string::npos) << huge;
   // A 1e-6 forward error passes a stated float32 tolerance and fails bitwise.
   EXPECT_EQ(agree(check_forward(summed(Bug::none, true), at::kDouble, 1, Tolerance().float64(1e-3))), "");
 }
@@ -120,6 +131,17 @@ TEST(Checks, ExactMeansEqualBits) {
       << "-0.0 and +0.0 differ in bits";
   const at::Tensor nan = at::full({2}, std::nan(""), at::kFloat);
   EXPECT_EQ(compare(nan, nan.clone(), Tolerance::exact()), "") << "a NaN has the same bits as itself";
+}
+
+// ivalue_difference compares values as read: a conjugate or negative view
+// against the bits beneath its flag differs, against its resolved copy not.
+TEST(Checks, IValuesCompareConjugateAndNegativeViewsByValue) {
+  const at::Tensor t = at::complex(at::arange(1, 5, at::kDouble), at::arange(2, 6, at::kDouble));
+  EXPECT_NE(ivalue_difference(c10::IValue(t.conj()), c10::IValue(t)), "");
+  EXPECT_EQ(ivalue_difference(c10::IValue(t.conj()), c10::IValue(t.conj().resolve_conj())), "");
+  const at::Tensor r = at::arange(1, 5, at::kDouble);
+  EXPECT_NE(ivalue_difference(c10::IValue(r._neg_view()), c10::IValue(r)), "");
+  EXPECT_EQ(ivalue_difference(c10::IValue(r._neg_view()), c10::IValue(-r)), "");
 }
 
 // check_all's forward and backward checks run only the dtypes asked for,

@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <utility>
@@ -19,7 +20,7 @@
 namespace partita::testing {
 namespace {
 
-enum class Plant { kNone, kNoSum, kDoubled, kWrongStart, kSquare };
+enum class Plant { kNone, kNoSum, kDoubled, kWrongStart, kSquare, kNaN, kHuge };
 
 struct Toy {
   int64_t n = 3;
@@ -33,6 +34,8 @@ struct Toy {
       std::vector<double> v(g.data_ptr<double>(), g.data_ptr<double>() + g.numel());
       v = sum_over_ranks(std::move(v));
       at::Tensor s = at::tensor(v, at::kDouble);
+      if (plant == Plant::kNaN) return s * std::nan("");
+      if (plant == Plant::kHuge) s[0] += 1e200;  // its square overflows
       return plant == Plant::kDoubled ? s * 2 : s;
     });
   }
@@ -94,6 +97,40 @@ TEST(ModuleChecks, ADoubledGradientFailsBackwardAndFiniteDifferences) {
   EXPECT_NE(fd.find("gradient of 'w' element"), std::string::npos) << fd;
   const std::string adj = agree(check_module_adjoint(toy.module(), 5, Wrt::Parameters));
   EXPECT_NE(adj.find("adjoint identity in its parameters"), std::string::npos) << adj;
+}
+
+// A NaN gradient fails finite differences (NaN compares false both ways);
+// an element whose square overflows fails the adjoint identity instead of
+// making its scale infinite and every gap zero.
+TEST(ModuleChecks, NonFiniteGradientsFail) {
+  Toy nan(Plant::kNaN);
+  const std::string fd = agree(check_module_finite_differences(nan.module(), 5));
+  EXPECT_NE(fd.find("gradient of 'w' element"), std::string::npos) << fd;
+  Toy huge(Plant::kHuge);
+  const std::string adj = agree(check_module_adjoint(huge.module(), 5, Wrt::Parameters));
+  EXPECT_NE(adj.find("adjoint identity in its parameters: not finite"), std::string::npos) << adj;
+}
+
+// A parameter whose leaf is a transposed tensor, held by rank 0 alone:
+// finite differences perturb its elements in place on rank 0 while the
+// others run the same losses.
+TEST(ModuleChecks, AParameterStoredTransposedIsPerturbedInPlace) {
+  const at::Tensor w = at::ones({3, 3}, at::kDouble).t().requires_grad_(true);
+  ASSERT_FALSE(w.is_contiguous());
+  const int me = mpi::world_rank();
+  DistributedModule m;
+  m.name = "transposed";
+  m.run = [&](const Tensors& xs) { return Tensors{me == 0 ? at::matmul(xs[0], w) : xs[0] * 1}; };
+  m.shards = [&] { return me == 0 ? std::vector<ParameterShard>{{"w", w, {0, 0}}} : std::vector<ParameterShard>{}; };
+  m.parameters = {{"w", {3, 3}}};
+  m.input_shapes = [](int r) { return std::vector<Shape>{{r + 1, 3}}; };
+  m.twin = [](const std::vector<Tensors>& xs, const ParameterMap& g) {
+    std::vector<Tensors> ys;
+    for (size_t r = 0; r < xs.size(); ++r) ys.push_back({r == 0 ? at::matmul(xs[r][0], g.at("w")) : xs[r][0] * 1});
+    return ys;
+  };
+  PARTITA_EXPECT_AGREED(check_module_finite_differences(m, 5));
+  PARTITA_EXPECT_AGREED(check_module_backward(m, 5));
 }
 
 TEST(ModuleChecks, AShardAtTheWrongPlaceFailsForward) {

@@ -32,7 +32,11 @@ inline std::string ivalue_difference(const c10::IValue& a, const c10::IValue& b,
       return path + ": dtype " + c10::toString(x.scalar_type()) + " vs " + c10::toString(y.scalar_type());
     if (x.sizes() != y.sizes()) return path + ": shapes differ";
     if (x.requires_grad() != y.requires_grad()) return path + ": requires_grad differs";
-    const at::Tensor cx = x.detach().contiguous(), cy = y.detach().contiguous();
+    // The values as read: a conjugate or negative view's flag resolved
+    // (the bits beneath it are not the tensor's values).
+    if (x.is_quantized() || y.is_quantized()) return path + ": quantized tensors are not compared";
+    const at::Tensor cx = x.detach().resolve_conj().resolve_neg().contiguous(),
+                     cy = y.detach().resolve_conj().resolve_neg().contiguous();
     const size_t n = cx.numel() * cx.element_size();
     if (n && std::memcmp(cx.data_ptr(), cy.data_ptr(), n) != 0) return path + ": tensor values differ";
     return "";
