@@ -220,6 +220,10 @@ TEST(SmpConfig, ParsesEveryField) {
                     smp::Config::from_json(R"({"virtual_pipeline_model_parallel_size": 0})", "cfg");
                   }),
                   "cfg: field \"virtual_pipeline_model_parallel_size\": expected a positive integer, got 0");
+  smp::Config huge;
+  huge.pipeline("interleaved_virtual").partitions(2).virtual_pipeline_model_parallel_size(1 << 30);
+  EXPECT_CONTAINS(raised<smp::ConfigError>([&] { huge.validate(2); }),
+                  "partitions x virtual_pipeline_model_parallel_size = 2147483648 stages, above 2^20");
   smp::Config no_virtual;
   no_virtual.virtual_pipeline_model_parallel_size(2);
   EXPECT_CONTAINS(raised<smp::ConfigError>([&] { no_virtual.validate(1); }),

@@ -1061,10 +1061,10 @@ TEST(PipelineErrors, StepFunctionFailsOnOneStage) {
   }
 }
 
-// A step function that never calls the model on one rank (or on all): the
-// stages that call it would wait for that rank's activations or gradients.
-// Every rank raises smp::UsageError at once, the others naming the rank
-// from its notice; on one rank a step without a model runs as before.
+// A step function that never calls the model on one rank: the stages that
+// call it would wait for that rank's activations or gradients. Every rank
+// raises smp::UsageError at once, naming that rank; a step without a model
+// on every rank runs as before, and the model trains after both.
 TEST(PipelineErrors, StepFunctionWithoutTheModel) {
   torch::set_num_threads(1);
   const int n = mpi::world_size();
@@ -1075,13 +1075,8 @@ TEST(PipelineErrors, StepFunctionWithoutTheModel) {
     o.microbatches(4);
     const at::Tensor x = torch::randn({8, 6}, torch::kDouble), y = torch::randn({8, 4}, torch::kDouble);
     auto none = smp::step([&](at::Tensor x, at::Tensor) { return x.sum(); }, o);
-    if (n == 1) {
-      EXPECT_NEAR(none(x, y).reduce_sum().item<double>(), x.sum().item<double>(), 1e-12);
-      continue;
-    }
-    const Outcome all = outcome_of([&] { none(x, y); });
-    EXPECT_EQ(all.kind, "usage") << all.text;
-    EXPECT_CONTAINS(all.text, "did not call an smp::DistributedModel");
+    EXPECT_NEAR(none(x, y).reduce_sum().item<double>(), x.sum().item<double>(), 1e-12);
+    if (n == 1) continue;
     for (int skipping : {0, n - 1}) {
       auto train = smp::step(
           [&](at::Tensor x, at::Tensor y) {
@@ -1093,12 +1088,46 @@ TEST(PipelineErrors, StepFunctionWithoutTheModel) {
           o);
       const Outcome got = outcome_of([&] { train(x, y); });
       EXPECT_EQ(got.kind, "usage") << pipeline << " skipping " << skipping << ": " << got.text;
-      EXPECT_CONTAINS(got.text, stage_name(skipping, skipping));
-      EXPECT_CONTAINS(got.text, "did not call an smp::DistributedModel");
+      EXPECT_CONTAINS(got.text, "did not call an smp::DistributedModel on " + stage_name(skipping, skipping));
+      EXPECT_CONTAINS(got.text, "every rank's step function must call the model, or none");
+      // And a step without a model on every rank, right after.
+      EXPECT_NEAR(none(x, y).reduce_sum().item<double>(), x.sum().item<double>(), 1e-12);
     }
     // The same model still trains.
     auto good = testing::mse_step(model, 4);
     EXPECT_GT(good(x, y).reduce_mean().item<double>(), 0);
+  }
+}
+
+// A schedule refused on one rank only (its microbatch count differs): that
+// rank raises the ScheduleError, every other rank hears it at once instead
+// of waiting for its messages, and the step numbers stay aligned (the
+// steps after it train).
+TEST(PipelineErrors, AScheduleRefusedOnOneRank) {
+  const int n = mpi::world_size();
+  if (n == 1) GTEST_SKIP() << "needs 2+ ranks";
+  torch::set_num_threads(1);
+  for (int p : partition_counts()) {
+    if (p == 1) continue;
+    init_virtual(p, 2);
+    smp::DistributedModel model(testing::build_model(integer_mlp()));
+    for (int round = 0; round < 2; ++round) {
+      const int last = n - 1;
+      auto uneven = testing::mse_step(model, mpi::world_rank() == last ? p + 1 : p);
+      const int64_t all_rows = 2 * p * (p + 1);
+      const Outcome got = outcome_of(
+          [&] { uneven(torch::randn({all_rows, 4}, torch::kDouble), torch::randn({all_rows, 4}, torch::kDouble)); });
+      EXPECT_CONTAINS(got.text, "interleaved_1f1b cannot take " + std::to_string(p + 1) + " microbatches");
+      if (mpi::world_rank() != last)
+        EXPECT_CONTAINS(got.text, "world rank " + std::to_string(last) + " failed in the start of the step (its schedule)");
+      EXPECT_EQ(got.kind, "usage") << got.text;
+    }
+    testing::PipelineRun run;
+    run.model = integer_mlp();
+    run.microbatches = p;
+    run.batch = 16;
+    run.steps = 1;
+    EXPECT_EQ(testing::check_against_serial(run, 0.0), "") << run;
   }
 }
 

@@ -227,6 +227,20 @@ TEST(Schedule, BadSchedulesNameTheFirstOffendingAction) {
   EXPECT_CONTAINS(raised<ScheduleError>([&] { smp::verify(from_rows({"0F0,1F0,0I0,1I0,0W0,1W0"})); }),
                   "rank 0, action 2 (0I0): its output's gradient comes from the backward of stage 1 on this rank");
   EXPECT_NO_THROW(smp::verify(from_rows({"0F0,1F0,1B0,0B0"})));
+  // What the executor needs: forwards in microbatch order, and (one stage
+  // per rank) a stage's first forward followed at once by its SEND_F.
+  EXPECT_CONTAINS(raised<ScheduleError>([&] { smp::verify(from_rows({"0F1,0F0,0B1,0B0", "1F1,1B1,1F0,1B0"})); }),
+                  "rank 0, action 1 (0F0): stage 0's forwards must run in microbatch order");
+  EXPECT_CONTAINS(raised<ScheduleError>([&] {
+                    smp::verify(from_rows({"0F0,0F1,0SEND_F0,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1",
+                                           "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1"}));
+                  }),
+                  "rank 0, action 0 (0F0): the stage's first forward must be followed at once by its SEND_F");
+  EXPECT_NO_THROW(smp::verify(from_rows({"0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1",
+                                         "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1"})));
+  // Virtual stages whose counts would overflow.
+  EXPECT_CONTAINS(raised<ScheduleError>([] { smp::build_schedule("interleaved_1f1b", 2, 2, 1 << 30); }),
+                  "above 2^20 stages or 2^24 forwards");
   // The verifier takes the user's schedule as it is: the same order as
   // 1F1B written with explicit messages passes.
   EXPECT_NO_THROW(smp::verify(smp::with_comms(smp::build_schedule("1f1b", 4, 8))));

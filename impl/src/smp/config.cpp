@@ -155,6 +155,10 @@ void Config::validate(int world_size) const {
     throw ConfigError(what + "unknown pipeline \"" + pipeline_ + "\" (expected " + kPipelineNames + ")");
   if (virtual_pipeline_model_parallel_size_ < 1)
     throw ConfigError(what + "virtual_pipeline_model_parallel_size must be at least 1");
+  if (static_cast<int64_t>(partitions_) * virtual_pipeline_model_parallel_size_ > (1 << 20))
+    throw ConfigError(what + "partitions x virtual_pipeline_model_parallel_size = " +
+                      std::to_string(static_cast<int64_t>(partitions_) * virtual_pipeline_model_parallel_size_) +
+                      " stages, above 2^20 (1048576)");
   if (virtual_pipeline_model_parallel_size_ > 1 && pipeline_ != "interleaved_virtual")
     throw ConfigError(what + "virtual_pipeline_model_parallel_size " +
                       std::to_string(virtual_pipeline_model_parallel_size_) + " needs the pipeline \"interleaved_virtual\" (the "

@@ -15,7 +15,8 @@
 //   kShape    the last stage tells every other stage the output's shape and
 //             dtype, once per model input shape (their stand-in);
 //   kAbort    a rank whose step failed tells every other (smp's world), and
-//             every wait inside the step listens for it.
+//             every wait inside the step listens for it; also a rank whose
+//             step function called no model ('N').
 // Sends are MPI_Isend completed at the end of the step, receives wait: the
 // semantics under which the verifier proved the schedule free of deadlock.
 #include "partita/smp/pipeline.hpp"
@@ -88,6 +89,9 @@ struct StepState {
   MPI_Comm world = MPI_COMM_NULL;  // smp's, for kAbort and kDone
   bool listening = false;          // pipelined: more than one rank
   bool aborted = false;            // this rank raised because another failed
+  int no_model_heard = 0;          // 'N' notices heard: ranks whose step function called no model
+  std::string no_model_text;       // the first of them
+  bool model_called = false;       // the step function called a model (set before its first wait)
   InFlight inflight;
   std::function<void()> check;     // check_abort, for ScopedWaitInterrupt
   std::unique_ptr<mpi::ScopedWaitInterrupt> interrupt;
@@ -97,6 +101,8 @@ struct StepState {
   int chunks = 1;                  // the schedule's stages per rank (virtual stages)
 };
 StepState* g_step = nullptr;
+// PipelineStep's current_ while its schedule is refused (beside kFinish).
+constexpr int kStartOfStep = std::numeric_limits<int>::min() + 1;
 // Pipelined steps that failed on this rank. Every rank of a failed step
 // counts it, also one that failed before it called the model (which then
 // does not know it): a model forgets its cached output shapes when the
@@ -159,6 +165,13 @@ std::string who() {
 // Another rank's notice that it failed in this step: raise it here.
 // 'U' (its error was an smp::UsageError) raises smp::UsageError, anything
 // else smp::PipelineError; the text names the failed stage and its error.
+// This rank's step function called the model, another's did not (its 'N'
+// notice's text).
+[[noreturn]] void throw_model_called_elsewhere(const std::string& text) {
+  throw UsageError(text + ", and the step function on " + who() +
+                   " called it: every rank's step function must call the model, or none");
+}
+
 void check_abort() {
   if (!g_step || !g_step->listening) return;
   int found = 0;
@@ -170,8 +183,18 @@ void check_abort() {
   PARTITA_MPI_CHECK(MPI_Get_count(&status, MPI_CHAR, &n));
   std::string text(static_cast<size_t>(n), '\0');
   PARTITA_MPI_CHECK(MPI_Mrecv(text.data(), n, MPI_CHAR, &message, MPI_STATUS_IGNORE));
-  g_step->aborted = true;
   const char code = text.empty() ? 'E' : text[0];
+  if (code == 'N') {
+    // Another rank's step function called no model. Fine where this one
+    // called none either (PipelineStep::finish counts them); else this
+    // rank fails, and its notice tells every rank, that one included.
+    if (!g_step->model_called) {
+      if (g_step->no_model_heard++ == 0) g_step->no_model_text = text.substr(1);
+      return;
+    }
+    throw_model_called_elsewhere(text.substr(1));
+  }
+  g_step->aborted = true;
   const std::string full = (text.empty() ? std::string() : text.substr(1)) + "; this rank (" + who() + ") stops too";
   if (code == 'U') throw UsageError(full);
   throw PipelineError(full);
@@ -1267,6 +1290,9 @@ at::Tensor DistributedModel::operator()(const at::Tensor& x) {
   if (g_step->model && g_step->model != impl_.get())
     throw UsageError("smp::DistributedModel: one smp::step runs one DistributedModel; this step already ran another");
   if (!g_step->model) {
+    // (a rank without a model told this one while its step function ran)
+    if (g_step->no_model_heard > 0) throw_model_called_elsewhere(g_step->no_model_text);
+    g_step->model_called = true;
     if (mb != 0)
       throw UsageError("smp::DistributedModel: the step function must call the model in every microbatch; "
                        "microbatch 0 did not");
@@ -1393,9 +1419,20 @@ PipelineStep::PipelineStep(int microbatches, std::string fingerprint) {
   // The whole schedule, verified on every rank before anything is sent: a
   // bad one raises the same ScheduleError everywhere (docs/pipeline.md).
   const int v = pipelined && ranks > 1 ? config().virtual_pipeline_model_parallel_size() : 1;
-  const Schedule s = step_schedule(ranks, microbatches, pipelined ? config().pipeline() : std::string("simple"), v);
-  verify(s);
-  std::vector<Action> list = with_comms(s).actions[me];
+  // A schedule this rank refuses (its microbatch count differing from the
+  // other ranks' is enough) is told to every rank below, as a failed step:
+  // the others would otherwise wait for this rank's messages.
+  std::exception_ptr refused;
+  Schedule s;
+  std::vector<Action> list;
+  try {
+    s = step_schedule(ranks, microbatches, pipelined ? config().pipeline() : std::string("simple"), v);
+    verify(s);
+    list = with_comms(s).actions[me];
+  } catch (const UsageError&) {
+    refused = std::current_exception();
+    list.clear();
+  }
   // The step function runs at the forward of the model's call: of the
   // rank's first stage, or of the model's last stage on the rank holding
   // it (one and the same with one stage per rank; docs/pipeline.md).
@@ -1408,7 +1445,7 @@ PipelineStep::PipelineStep(int microbatches, std::string fingerprint) {
   g_step->microbatches = microbatches;
   g_step->fingerprint = std::move(fingerprint);
   g_step->list = std::move(list);
-  g_step->chunks = s.stages / s.ranks;
+  g_step->chunks = refused ? 1 : s.stages / s.ranks;
   if (pipelined && size() > 1) {
     g_step->epoch = next_step_number();
     g_step->world = communicator(WORLD);
@@ -1416,6 +1453,14 @@ PipelineStep::PipelineStep(int microbatches, std::string fingerprint) {
     g_step->listening = true;
     g_step->check = [] { check_abort(); };
     g_step->interrupt = std::make_unique<mpi::ScopedWaitInterrupt>(&g_step->check);
+  }
+  if (refused) {
+    current_ = kStartOfStep;
+    fail(refused);
+    g_step->interrupt.reset();
+    delete g_step;
+    g_step = nullptr;
+    std::rethrow_exception(refused);
   }
 }
 
@@ -1447,8 +1492,8 @@ void PipelineStep::fail(std::exception_ptr error) noexcept {
         cause = "an exception that is not a std::exception";
       }
       if (cause.size() > 3000) cause = cause.substr(0, 3000) + "...";
-      std::string phase = "the end of the step";
-      if (current_ != kFinish && current_ >= 0 && static_cast<size_t>(current_) < g_step->list.size()) {
+      std::string phase = current_ == kStartOfStep ? "the start of the step (its schedule)" : "the end of the step";
+      if (current_ != kFinish && current_ != kStartOfStep && current_ >= 0 && static_cast<size_t>(current_) < g_step->list.size()) {
         const Action& a = g_step->list[current_];
         const char* what = a.kind == ActionKind::kForward       ? "the forward"
                            : a.kind == ActionKind::kFullBackward  ? "the backward"
@@ -1521,12 +1566,19 @@ void PipelineStep::finish(const std::vector<at::Tensor*>& returned) {
   if (g_step->model) {
     g_step->model->finish(returned);
   } else if (g_step->listening) {
-    // The stages that called the model would wait for this one's
-    // activations, the replicas for its gradients: raised here, and heard
-    // by every other rank from this rank's notice (fail).
-    throw UsageError("smp::step: the step function did not call an smp::DistributedModel on " + who() +
-                     " (seed 004: its return value must depend on the model's output); with more than "
-                     "one rank, every rank's step function must call the model in every microbatch");
+    // A step without a model is fine on every rank at once; where another
+    // rank called one, it would wait for this rank's activations or
+    // gradients. This rank tells every other ('N'); a rank that called the
+    // model fails on hearing it, and its notice ends this wait with its
+    // error. Every rank without a model hears every other's 'N'.
+    const std::string text = "Nsmp::step: the step function did not call an smp::DistributedModel on " + who();
+    const int n = size(), me = rank(), tag = tag_of(kAbort);
+    for (int r = 0; r < n; ++r)
+      if (r != me) post_bytes(text, MPI_CHAR, 1, r, tag, g_step->world);
+    wait_for_neighbour([] { return g_step->no_model_heard == size() - 1; },
+                       who() + ": the step without a model (every other rank's statement that it ran none)");
+    wait_requests(g_step->inflight.requests, who() + ": the step without a model");
+    g_step->inflight = InFlight{};
   }
   finished_ = true;
 }

@@ -164,6 +164,11 @@ Schedule one_f_one_b(int p, int m) {
 Schedule interleaved_1f1b(int p, int m, int v) {
   check_counts("interleaved_1f1b", p, m);
   if (v < 1) fail("interleaved_1f1b: " + std::to_string(v) + " virtual stages per rank (at least 1)");
+  // Counted in int below: bounded far beyond any model's layers.
+  if (static_cast<int64_t>(p) * v > (1 << 20) || static_cast<int64_t>(m) * v > (1 << 24))
+    fail("interleaved_1f1b: " + std::to_string(v) + " virtual stages per rank make " +
+         std::to_string(static_cast<int64_t>(p) * v) + " stages and " + std::to_string(static_cast<int64_t>(m) * v) +
+         " forwards per rank, above 2^20 stages or 2^24 forwards");
   if (v == 1) {
     Schedule s = one_f_one_b(p, m);
     s.name = "interleaved_1f1b";
@@ -621,6 +626,38 @@ struct Plan {
     return sim;
   }
 
+  // Check 6: what partita's executor needs beyond the above. The step
+  // function is called at the forwards of the model's call, in microbatch
+  // order (the model's first call in a step is microbatch 0's): a stage's
+  // forwards run in microbatch order. With one stage per rank, a stage's
+  // first forward of a step waits for the output's shape from the last
+  // stage after sending its activation, which it can do only when its
+  // SEND_F comes right after it.
+  void executable() const {
+    const bool one_per_rank = s.stages == s.ranks;
+    for (int r = 0; r < s.ranks; ++r) {
+      std::map<int, int> last;  // stage -> its latest forward's microbatch
+      const auto& list = s.actions[r];
+      for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+        const Action& a = list[i];
+        if (a.kind != K::kForward) continue;
+        const auto it = last.find(a.stage);
+        if (it != last.end() && a.microbatch < it->second)
+          fail(where(r, i, a) + ": stage " + std::to_string(a.stage) + "'s forwards must run in microbatch order "
+               "(the step function is called in that order), and microbatch " + std::to_string(it->second) +
+               "'s ran before this one");
+        if (it == last.end() && one_per_rank && a.stage + 1 < s.stages) {
+          const bool sent = i + 1 < static_cast<int>(list.size()) && list[i + 1].kind == K::kSendF &&
+                            list[i + 1].stage == a.stage && list[i + 1].microbatch == a.microbatch;
+          if (!sent)
+            fail(where(r, i, a) + ": the stage's first forward must be followed at once by its SEND_F (it then "
+                 "waits for the output's shape from the last stage, which needs this activation)");
+        }
+        last[a.stage] = a.microbatch;
+      }
+    }
+  }
+
   // Check 5 and the peaks (messages do not change them).
   std::vector<int> live(bool check) const {
     std::vector<int> peaks(s.ranks, 0);
@@ -663,6 +700,7 @@ Simulation verify(const Schedule& given, const Costs& costs) {
   plan.match();
   plan.dependencies();
   Simulation sim = plan.run(costs);
+  plan.executable();
   sim.peak_live = plan.live(/*check=*/true);
   return sim;
 }

@@ -174,7 +174,11 @@ struct Simulation {
 //     executor's semantics: RECV_F and RECV_B block until the matching send
 //     was posted; sends never block (MPI_Isend, completed at the end of the
 //     step);
-//  5. each rank's live activations within live_bound.
+//  5. each rank's live activations within live_bound;
+//  6. (checked before 5) what partita's executor needs: each stage's
+//     forwards in microbatch order, and with one stage per rank, each
+//     stage's first forward but the last stage's followed at once by its
+//     SEND_F.
 // A compute-only schedule is checked as with_comms lowers it. Returns the
 // simulation with `costs`, so that one call does both.
 Simulation verify(const Schedule& s, const Costs& costs = {});
