@@ -6,8 +6,8 @@
 // case it accepts:
 //  - its repro line reads back, and prints the same line again;
 //  - world_size_needed() covers every rank the partitions name;
-//  - every P_x worker's input shape has P_x's dimensions (or is the one
-//    local_shape given), and a rank outside P_x gets {0}.
+//  - every P_x worker's input shape has as many dimensions as the first
+//    worker's (P_x's, from a global_shape), and a rank outside P_x gets {0}.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -50,13 +50,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (r >= world) finding(line + ": world_size_needed() is " + std::to_string(world) + ", rank " +
                                 std::to_string(r) + " is named");
   size_t checked = 0;
+  size_t dims = 0;
   for (int r : c.P_x.ranks) {
     if (r >= world) finding(line + ": world_size_needed() misses P_x rank " + std::to_string(r));
     if (++checked > 64) break;  // enough: the shapes are arithmetic on the index
     const auto s = c.input_shape(r);
-    if (!c.local_shape && s.size() != c.P_x.shape.size())
+    if (checked == 1) dims = s.size();
+    if (s.size() != dims || (c.global_shape && s.size() != c.P_x.shape.size()))
       finding(line + ": rank " + std::to_string(r) + "'s input has " + std::to_string(s.size()) +
-              " dimensions, P_x " + std::to_string(c.P_x.shape.size()));
+              " dimensions, the first worker's " + std::to_string(dims) + ", P_x " +
+              std::to_string(c.P_x.shape.size()));
   }
   bool outside = true;
   for (int r : c.P_x.ranks) outside = outside && r != world;

@@ -142,6 +142,17 @@ TEST(BadInput, CaseFileWrongField) {
       []() -> std::string { return testing::Case::parse(kGoodCase, "good.json").primitive == "all_sum_reduce" ? "" : "parsed wrong"; });
 }
 
+TEST(BadInput, CaseFileNumberOutOfRange) {
+  row<CaseError>(
+      "field \"axis\": expected a non-negative integer (a dimension of P_x), got 4294967296 (above 2^30)",
+      [] {
+        testing::Case::parse(R"({"primitive": "all_gather", "P_x": {"ranks": [0], "shape": [1]},
+                                 "axis": 4294967296, "dim": 0, "global_shape": [3]})",
+                             "case.json");
+      },
+      []() -> std::string { return testing::Case::parse(kGoodCase, "good.json").primitive == "all_sum_reduce" ? "" : "parsed wrong"; });
+}
+
 // ---- the smp configuration ------------------------------------------------------------
 
 smp::Config partitions(int p, int microbatches = 1) {

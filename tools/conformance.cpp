@@ -1,15 +1,21 @@
 #include "conformance.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -28,7 +34,7 @@ struct Row {
   int passed = 0, failed = 0, skipped = 0;
   double seconds = 0;
   std::string status, note;
-  std::string command;  // what reruns this row (the repro line)
+  std::string command;  // what reruns this row: its environment and launch line
   std::string log;      // the run's output, when it failed
 };
 
@@ -51,7 +57,16 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-// Counts the statuses in a gtest JSON report.
+// A word of a shell command: as it is when nothing in it is special.
+std::string shell_word(const std::string& s) {
+  const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '.' || c == '_' || c == '-' || c == '/' || c == '+' || c == ':';
+  });
+  return plain ? s : shell_quote(s);
+}
+
+// Counts the statuses in a gtest JSON report (nlohmann's exceptions for a
+// report of another form).
 void count(const json::Value& report, Row& row) {
   for (const auto& suite : report.at("testsuites"))
     for (const auto& t : suite.at("testsuite")) {
@@ -69,19 +84,50 @@ void write_or_throw(const std::string& path, const std::string& text) {
   if (!f) throw Error("cannot write " + path);
 }
 
+// Text as XML 1.0 character data: markup escaped, and what XML 1.0 does not
+// allow, even escaped, replaced by U+FFFD: bytes that are not UTF-8 (a
+// test's output may hold any bytes), control characters but tab, newline
+// and carriage return, U+FFFE and U+FFFF.
 std::string xml_escape(const std::string& s) {
+  static const char kReplacement[] = "\xEF\xBF\xBD";
   std::string out;
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      case '\n': case '\t': out += static_cast<char>(c); break;
-      default:
-        // XML 1.0 allows no other control characters, even escaped.
-        if (c >= 0x20) out += static_cast<char>(c);
+      case '&': out += "&amp;"; ++i; continue;
+      case '<': out += "&lt;"; ++i; continue;
+      case '>': out += "&gt;"; ++i; continue;
+      case '"': out += "&quot;"; ++i; continue;
+      case '\'': out += "&apos;"; ++i; continue;
+      case '\n': case '\t': case '\r': out += static_cast<char>(c); ++i; continue;
+      default: break;
+    }
+    if (c < 0x80) {
+      if (c >= 0x20) out += static_cast<char>(c);
+      else out += kReplacement;
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: its length and smallest code point from the lead
+    // byte; continuation bytes 10xxxxxx; no overlong form, surrogate or
+    // code point past U+10FFFF.
+    const size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    const uint32_t least = n == 2 ? 0x80 : n == 3 ? 0x800 : 0x10000;
+    uint32_t code = n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+    bool valid = n > 0 && i + n <= s.size();
+    for (size_t k = 1; valid && k < n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      valid = (b & 0xC0) == 0x80;
+      code = (code << 6) | (b & 0x3F);
+    }
+    valid = valid && code >= least && code <= 0x10FFFF && (code < 0xD800 || code > 0xDFFF) && code != 0xFFFE &&
+            code != 0xFFFF;
+    if (valid) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += kReplacement;
+      ++i;
     }
   }
   return out;
@@ -150,6 +196,109 @@ struct Options {
   bool netns = false;
 };
 
+// PARTITA_DEADLINE as the runtime reads it (seconds; 10 when unset or
+// empty, as the conformance run's default), times `scale`. Text the
+// runtime's atof would read as something else, or a negative or infinite
+// number, is refused.
+std::string deadline_setting(int scale) {
+  const char* given = std::getenv("PARTITA_DEADLINE");
+  double seconds = 10;
+  if (given && *given) {
+    char* end = nullptr;
+    seconds = std::strtod(given, &end);
+    while (*end && std::isspace(static_cast<unsigned char>(*end))) ++end;
+    if (end == given || *end || !std::isfinite(seconds) || seconds < 0 || !std::isfinite(seconds * scale))
+      throw Error("partita conformance: PARTITA_DEADLINE='" + std::string(given) +
+                  "' is not a number of seconds (e.g. 10 or 2.5; 0 turns deadlines off)");
+  }
+  std::ostringstream os;
+  os << std::setprecision(12) << seconds * scale;
+  return os.str();
+}
+
+// RC_PARAMS for every suite: the environment's, with a seed drawn here when
+// it names none, so that a property suite's rerun command draws its cases.
+std::string rc_params() {
+  const char* given = std::getenv("RC_PARAMS");
+  std::string params = given ? given : "";
+  if (params.find("seed=") != std::string::npos || params.find("reproduce=") != std::string::npos) return params;
+  std::random_device random;
+  const uint64_t seed = (static_cast<uint64_t>(random()) << 32) ^ random();
+  return params + (params.empty() ? "" : " ") + "seed=" + std::to_string(seed);
+}
+
+// SIGINT or SIGTERM while the run goes on: the suite running gets it, and
+// the run stops.
+volatile sig_atomic_t g_stop = 0;
+void on_stop(int signo) { g_stop = signo; }
+
+struct StopSignals {
+  struct sigaction old_int {}, old_term {};
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+};
+
+struct Finished {
+  int code = 0;             // the exit status, or 128 + the signal that ended it
+  bool timed_out = false;   // ended after `timeout` seconds
+  int interrupted = 0;      // the signal this process got while it ran, or 0
+};
+
+// Runs `command` under /bin/sh in a process group of its own, its output to
+// `log`: after `timeout` seconds, or when this process gets SIGINT or
+// SIGTERM, the group gets SIGTERM (the signal got), and SIGKILL 10 s later.
+Finished run_command(const std::string& command, const std::string& log, int timeout) {
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw Error("cannot write " + log);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    ::close(fd);
+    throw Error("partita conformance: cannot start a process");
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    ::close(fd);
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ::close(fd);
+  setpgid(pid, pid);
+  Finished f;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  Clock::time_point signalled{};
+  bool sent = false, killed = false;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    const auto now = Clock::now();
+    if (!sent && (g_stop || now - start > std::chrono::seconds(timeout))) {
+      f.interrupted = g_stop;
+      f.timed_out = !g_stop;
+      kill(-pid, g_stop ? static_cast<int>(g_stop) : SIGTERM);
+      signalled = now;
+      sent = true;
+    }
+    if (sent && !killed && now - signalled > std::chrono::seconds(10)) {
+      kill(-pid, SIGKILL);
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  f.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return f;
+}
+
 int conformance(const Options& opt) {
   const std::string& suites_file = opt.suites_file;
   const std::string& filter = opt.filter;
@@ -165,6 +314,9 @@ int conformance(const Options& opt) {
     simnodes = manifest.at("simnodes").get<std::string>();
   }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  deadline_setting(1);  // a PARTITA_DEADLINE that does not read stops the run before it starts
+  const std::string rc = rc_params();
+  const StopSignals stop_signals;
   std::vector<Row> rows;
   const std::string tmp = "/tmp/partita-conformance-" + std::to_string(getpid()) + ".json";
   for (const auto& s : manifest.at("suites")) {
@@ -186,41 +338,52 @@ int conformance(const Options& opt) {
       row.suite = name;
       row.ranks = static_cast<int>(n);
       std::remove(tmp.c_str());
-      std::ostringstream repro;
-      std::string deadline = "${PARTITA_DEADLINE:-10}";
+      if (g_stop) break;
+      // The environment every rank runs under, part of the rerun command:
+      // a stuck wait fails its case within seconds (deadline mode, scaled
+      // by ranks per core) instead of waiting for the watchdog (issue 18).
+      std::ostringstream env;
+      std::ostringstream launch;
+      int scale = 1;
       if (opt.nodes > 1) {
         // The simulated nodes share this machine's cores, which partita's
         // deadline scaling cannot see (it counts a node's ranks): the
         // deadline is scaled here by the job's ranks per core.
-        repro << shell_quote(simnodes) << " --nodes " << opt.nodes << " --ranks-per-node " << n / opt.nodes
-              << (opt.netns ? " --netns" : "") << " --no-finalize --timeout " << timeout << " -- ";
-        deadline = "$((${PARTITA_DEADLINE:-10} * " + std::to_string((n + cores - 1) / cores) + "))";
+        launch << shell_quote(simnodes) << " --nodes " << opt.nodes << " --ranks-per-node " << n / opt.nodes
+               << (opt.netns ? " --netns" : "") << " --no-finalize --timeout " << timeout << " -- ";
+        scale = static_cast<int>((n + cores - 1) / cores);
       } else {
-        repro << shell_quote(mpiexec) << " -n " << n << " ";
+        launch << shell_quote(mpiexec) << " -n " << n << " ";
       }
-      repro << shell_quote(s.at("binary").get<std::string>());
-      if (!filter.empty()) repro << " --gtest_filter=" << shell_quote(filter);
-      row.command = repro.str();
-      std::ostringstream cmd;
-      // A stuck wait fails its case within seconds (deadline mode, scaled by
-      // ranks per core) instead of waiting for the watchdog (issue 18).
-      cmd << "PARTITA_DEADLINE=" << deadline << " PARTITA_WAIT_TIMEOUT="
-          << std::max(10, timeout - 30) << " timeout -k 10 " << timeout
-          << " " << row.command << " --gtest_output=json:" << tmp << " > " << tmp << ".log 2>&1";
+      launch << shell_quote(s.at("binary").get<std::string>());
+      if (!filter.empty()) launch << " --gtest_filter=" << shell_quote(filter);
+      env << "PARTITA_DEADLINE=" << shell_word(deadline_setting(scale))
+          << " PARTITA_WAIT_TIMEOUT=" << std::max(10, timeout - 30) << " RC_PARAMS=" << shell_word(rc);
+      if (const char* cases = std::getenv("PARTITA_PROP_CASES"); cases && *cases)
+        env << " PARTITA_PROP_CASES=" << shell_word(cases);
+      row.command = env.str() + " " + launch.str();
       std::cout << "running " << name << " at " << n << " ranks ..." << std::flush;
       const auto t0 = std::chrono::steady_clock::now();
-      const int rc = std::system(cmd.str().c_str());
+      const Finished finished =
+          run_command("exec env " + row.command + " --gtest_output=json:" + tmp, tmp + ".log", timeout);
       row.seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+      const int code = finished.code;
       bool reported = true;
       try {
         count(json::parse(read_file(tmp), tmp), row);
       } catch (const Error& e) {
         reported = false;
         row.note = "no readable gtest report (exit " + std::to_string(code) + ")";
+      } catch (const std::exception& e) {
+        // A report of another form than gtest's: the row fails, the run goes on.
+        reported = false;
+        row.passed = row.failed = row.skipped = 0;
+        row.note = "its gtest report " + tmp + " is not gtest's (" + e.what() + "; exit " + std::to_string(code) + ")";
       }
-      if (code == 124 || code == 137) row.note = "timed out after " + std::to_string(timeout) + " s";
+      if (finished.timed_out) row.note = "timed out after " + std::to_string(timeout) + " s";
+      if (finished.interrupted)
+        row.note = std::string("stopped by ") + (finished.interrupted == SIGINT ? "SIGINT" : "SIGTERM");
       // A crash, a timeout, an abort, or a run without a report: nothing to trust.
       if ((code != 0 || !reported) && row.failed == 0) row.failed = 1;
       row.status = row.failed ? "FAILED" : row.passed ? "PASSED" : "SKIPPED";
@@ -230,13 +393,15 @@ int conformance(const Options& opt) {
         } catch (const Error&) {
           row.log = "(no output)";
         }
-        std::cout << " FAILED; its output:\n" << row.log << "\n";
+        std::cout << " FAILED; its output:\n" << row.log << "\nrerun: " << row.command << "\n";
       } else {
         std::cout << " " << row.status << "\n";
       }
       std::remove((tmp + ".log").c_str());
       rows.push_back(row);
+      if (g_stop) break;
     }
+    if (g_stop) break;
   }
   std::remove(tmp.c_str());
 
@@ -247,7 +412,7 @@ int conformance(const Options& opt) {
   std::cout << std::left << std::setw(28) << "suite" << std::setw(7) << "ranks" << std::setw(8)
             << "passed" << std::setw(8) << "failed" << std::setw(9) << "skipped" << std::setw(10)
             << "seconds" << "status\n";
-  int failed = 0;
+  int failed = 0, tests_run = 0;
   json::Value out = json::Value::array();
   for (const auto& r : rows) {
     std::ostringstream secs;
@@ -257,6 +422,7 @@ int conformance(const Options& opt) {
               << std::setw(10) << secs.str() << r.status << (r.note.empty() ? "" : "  (" + r.note + ")")
               << "\n";
     failed += r.status == "FAILED";
+    tests_run += r.passed + r.failed;
     json::Value j;
     j["suite"] = r.suite;
     j["ranks"] = r.ranks;
@@ -266,10 +432,24 @@ int conformance(const Options& opt) {
     j["seconds"] = r.seconds;
     j["status"] = r.status;
     if (!r.note.empty()) j["note"] = r.note;
+    if (r.status == "FAILED") j["command"] = r.command;
     out.push_back(j);
   }
   if (!opt.json_out.empty()) write_or_throw(opt.json_out, json::dump(out) + "\n");
   if (!opt.junit_out.empty()) write_or_throw(opt.junit_out, junit_xml(rows));
+  if (g_stop) {
+    std::cout << "CONFORMANCE STOPPED by " << (g_stop == SIGINT ? "SIGINT" : "SIGTERM") << " (" << rows.size()
+              << " rows run, " << failed << " failed)\n";
+    return 128 + g_stop;
+  }
+  // A run that tested nothing proves nothing: rank counts no suite has,
+  // --nodes dividing none of them, a filter matching no test, or every test
+  // skipped.
+  if (!failed && tests_run == 0) {
+    std::cout << "CONFORMANCE FAILED: no test ran (" << rows.size()
+              << " rows; the rank counts, --nodes and --filter left nothing to run, or every test skipped)\n";
+    return 1;
+  }
   std::cout << (failed ? "CONFORMANCE FAILED" : "CONFORMANCE PASSED") << " (" << rows.size()
             << " rows, " << failed << " failed)\n";
   return failed ? 1 : 0;
@@ -282,12 +462,12 @@ void add_conformance(CLI::App& app, std::function<int()>& action, const std::str
   o->suites_file = dirname_of(argv0) + "/conformance_suites.json";
   CLI::App* c = app.add_subcommand(
       "conformance", "run the conformance suites under mpiexec at their rank counts and print the "
-                     "summary table (exit status 1 when anything FAILED)");
+                     "summary table (exit status 1 when anything FAILED or no test ran)");
   c->add_option("--suites", o->suites_file,
                 "the suites to run (default: conformance_suites.json beside this program, "
                 "written by CMake)")
       ->check(CLI::ExistingFile);
-  c->add_option("--ranks", o->ranks, "run only these rank counts, e.g. 1,2,4")
+  c->add_option("--ranks", o->ranks, "run only these rank counts, e.g. 1,2,4 (at most 2^20 of at most 2^20)")
       ->check(cli::ranks_list());
   c->add_option("--timeout", o->timeout, "seconds before one suite at one rank count is killed")
       ->check(CLI::Range(10, 86400))

@@ -144,13 +144,18 @@ void add_explain_smp(CLI::App& explain, std::function<int()>& action) {
   CLI::App* c = explain.add_subcommand(
       "smp", "partita::smp's rank layout (docs/smp.md, docs/3d.md): every rank's mp, dp (and with "
       "tensor parallelism pp and tp) rank and groups");
-  c->add_option("--size", given->size, "number of processes")->required()->check(CLI::Range(1, 1 << 20));
+  // Every rank's row lists its groups: the output grows with the size
+  // squared (about 5 MB at kMaxSize with one partition).
+  constexpr int kMaxSize = 1024;
+  c->add_option("--size", given->size, "number of processes (at most 1024)")
+      ->required()
+      ->check(CLI::Range(1, kMaxSize));
   c->add_option("--partitions", given->partitions, "pipeline stages per replica (pp_size; mp_size without tensor parallelism)")
       ->required()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, kMaxSize));
   c->add_option("--tensor-parallel-degree", given->tp,
                  "ranks per pipeline stage (tensor_parallel_degree; default 1)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, kMaxSize));
   c->add_flag("--json", given->json, "print JSON instead of tables");
   c->callback([given, &action] { action = [given] { return explain_smp(*given, std::cout, std::cerr); }; });
 }

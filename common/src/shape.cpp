@@ -91,23 +91,42 @@ Shape parse_shape(const std::string& text) {
     shape.push_back(v);
   }
   if (shape.empty()) throw Error("empty shape '" + text + "'");
+  // A volume beyond 2^63 wraps where it is computed (and could equal a
+  // rank count).
+  int64_t n = 1;
+  for (int64_t e : shape)
+    if (__builtin_mul_overflow(n, e, &n)) throw Error("shape '" + text + "': its volume exceeds 2^63");
   return shape;
 }
 
 Ranks parse_ranks(const std::string& text) {
+  // A rank (or rank count) beyond kMaxRanks, or a list longer than that,
+  // is no world partita can be asked about: refused before it is held as
+  // an int or expanded (a range of 2e9 would take gigabytes).
+  auto value = [&](const std::string& item) {
+    const int64_t v = parse_int(item, text);
+    if (v < 0 || v > kMaxRanks)
+      throw Error("'" + item + "' in '" + text + "' is not a rank from 0 to " + std::to_string(kMaxRanks));
+    return static_cast<int>(v);
+  };
+  auto too_long = [&] {
+    throw Error("rank list '" + text + "' holds more than " + std::to_string(kMaxRanks) + " ranks");
+  };
   Ranks ranks;
   std::string item;
   std::istringstream is(text);
   while (std::getline(is, item, ',')) {
     const auto dash = item.find('-', 1);
     if (dash == std::string::npos) {
-      ranks.push_back(static_cast<int>(parse_int(item, text)));
+      ranks.push_back(value(item));
     } else {
-      const auto lo = parse_int(item.substr(0, dash), text);
-      const auto hi = parse_int(item.substr(dash + 1), text);
+      const int lo = value(item.substr(0, dash));
+      const int hi = value(item.substr(dash + 1));
       if (hi < lo) throw Error("rank range '" + item + "' runs backwards");
-      for (auto r = lo; r <= hi; ++r) ranks.push_back(static_cast<int>(r));
+      if (static_cast<int64_t>(ranks.size()) + (hi - lo + 1) > kMaxRanks) too_long();
+      for (int r = lo; r <= hi; ++r) ranks.push_back(r);
     }
+    if (static_cast<int64_t>(ranks.size()) > kMaxRanks) too_long();
   }
   if (ranks.empty()) throw Error("empty rank list '" + text + "'");
   return ranks;

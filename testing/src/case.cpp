@@ -27,6 +27,13 @@ struct Field {
     if (!v.is_number_integer() || v.get<int64_t>() < min) fail();
     return v.get<int64_t>();
   }
+  // An integer that is a rank, an axis or a rank count: at most 2^30 (a
+  // larger one would wrap when held as an int).
+  int small_integer(int64_t min) const {
+    const int64_t x = integer(min);
+    if (x > (1 << 30)) fail(" (above 2^30)");
+    return static_cast<int>(x);
+  }
   std::vector<int64_t> integers(int64_t min) const {
     if (!v.is_array()) fail();
     std::vector<int64_t> out;
@@ -39,7 +46,7 @@ struct Field {
   std::vector<int> small_integers(int64_t min) const {
     std::vector<int> out;
     for (int64_t x : integers(min)) {
-      if (x > (1 << 30)) fail();
+      if (x > (1 << 30)) fail(" (above 2^30)");
       out.push_back(static_cast<int>(x));
     }
     return out;
@@ -146,7 +153,7 @@ const Rule kRules[] = {
     {"axes", "an array of non-negative integers (dimensions of P_x)",
      [](const Field& f, Case& c) { c.axes = f.small_integers(0); }},
     {"axis", "a non-negative integer (a dimension of P_x)",
-     [](const Field& f, Case& c) { c.axis = static_cast<int>(f.integer(0)); }},
+     [](const Field& f, Case& c) { c.axis = f.small_integer(0); }},
     {"dim", "a non-negative integer (a tensor dimension)",
      [](const Field& f, Case& c) { c.dim = f.integer(0); }},
     {"axes_all_gather", "an array of non-negative integers (dimensions of P_x; all_gather)",
@@ -185,19 +192,19 @@ const Rule kRules[] = {
        if (!f.v.is_object()) f.fail();
        for (const auto& [k, s] : f.v.items()) {
          const Field shape{f.source, f.path + "." + k, "an array of non-negative integers", s};
-         size_t used = 0;
-         int r = -1;
-         try {
-           r = std::stoi(k, &used);
-         } catch (const std::exception&) {
-         }
-         if (used != k.size() || r < 0)
-           throw CaseError(f.source + ": field \"" + shape.path + "\": expected a world rank as key");
-         c.local_shapes[r] = shape.integers(0);
+         // One spelling per rank ("1", not " 1", "+1" or "01"): two keys
+         // naming one rank would have one silently replace the other.
+         const bool decimal = !k.empty() && k.size() <= 10 &&
+                              std::all_of(k.begin(), k.end(), [](char d) { return d >= '0' && d <= '9'; }) &&
+                              (k == "0" || k[0] != '0');
+         if (!decimal || std::stoll(k) > (1 << 30))
+           throw CaseError(f.source + ": field \"" + shape.path + "\": expected a world rank as key (0 to 2^30, "
+                           "written without sign, blanks or leading zeros)");
+         c.local_shapes[static_cast<int>(std::stoll(k))] = shape.integers(0);
        }
      }},
     {"ranks", "a positive integer (the world size)",
-     [](const Field& f, Case& c) { c.ranks = static_cast<int>(f.integer(1)); }},
+     [](const Field& f, Case& c) { c.ranks = f.small_integer(1); }},
     {"unused_outputs", "an array of world ranks (non-negative integers)",
      [](const Field& f, Case& c) { c.unused_outputs = f.small_integers(0); }},
     {"fill", "one of \"integers\", \"normal\" (what data_seed draws)",
@@ -287,6 +294,14 @@ Case Case::from_json(const json::Value& v, const std::string& source) {
     };
     if (!v.contains("global_shape"))
       wrong("global_shape", "the Linear layers take x as the balanced decomposition of global_shape");
+    if (c.global_shape->empty())
+      wrong("global_shape", "the Linear layers need at least one dimension (in_features is the last "
+                            "extent), got ()");
+    // W is out_features x in_features: a product beyond 2^63 is no tensor.
+    const int64_t in = c.in_features ? c.in_features : c.global_shape->back();
+    if (int64_t w = 0; __builtin_mul_overflow(c.out_features, in, &w))
+      wrong("out_features", "W's volume out_features x in_features (" + std::to_string(c.out_features) +
+                                " x " + std::to_string(in) + ") exceeds 2^63");
     for (const char* k : {"local_shape", "local_shapes", "options", "axes", "axis", "dim", "left", "right"})
       if (v.contains(k)) wrong(k, "not a field of the Linear layers");
     if (c.dtype != "float32" && c.dtype != "float" && c.dtype != "float64" && c.dtype != "double" &&
@@ -308,14 +323,39 @@ Case Case::from_json(const json::Value& v, const std::string& source) {
   if (c.global_shape && c.global_shape->size() != c.P_x.shape.size())
     bad("global_shape", "expected " + std::to_string(c.P_x.shape.size()) +
                             " dimensions (as P_x.shape), got " + shape_string(*c.global_shape));
+  // Every rank's shape has the same number of dimensions. That number is
+  // the tensor's, not P_x's: a partition of fewer dimensions than the
+  // tensor is read with leading ones (repartition, halo_exchange;
+  // docs/primitives.md), and all_gather's tensor dimension is not a
+  // partition dimension. The property tests' case lines draw both.
   for (const auto& [r, s] : c.local_shapes) {
     if (std::find(c.P_x.ranks.begin(), c.P_x.ranks.end(), r) == c.P_x.ranks.end())
       bad("local_shapes", "names rank " + std::to_string(r) + ", which is not in P_x.ranks");
-    // (case_reader_fuzz, issue 35 item 2: "1": [] was accepted.)
-    if (s.size() != c.P_x.shape.size())
+    // (case_reader_fuzz: {"0": [3], "1": []} was accepted.)
+    const auto& [r0, s0] = *c.local_shapes.begin();
+    if (s.size() != s0.size())
       bad("local_shapes", "rank " + std::to_string(r) + "'s shape " + shape_string(s) + " has " +
-                              std::to_string(s.size()) + " dimensions, P_x.shape " +
-                              std::to_string(c.P_x.shape.size()));
+                              std::to_string(s.size()) + " dimensions, rank " + std::to_string(r0) + "'s " +
+                              shape_string(s0) + " " + std::to_string(s0.size()) +
+                              " (every rank's shape has the same dimensions)");
+  }
+  // A tensor's volume beyond 2^63 wraps where LibTorch multiplies its
+  // extents, and so do a halo window's extent and widths.
+  auto fits = [&](const char* name, const Shape& s) {
+    int64_t n = 1;
+    for (int64_t e : s)
+      if (__builtin_mul_overflow(n, e, &n))
+        bad(name, "the volume of " + shape_string(s) + " exceeds 2^63");
+  };
+  if (c.global_shape) fits("global_shape", *c.global_shape);
+  if (c.local_shape) fits("local_shape", *c.local_shape);
+  for (const auto& item : c.local_shapes) fits("local_shapes", item.second);
+  for (size_t d = 0; d < c.left.size() && d < c.right.size(); ++d) {
+    const int64_t bulk = c.global_shape && d < c.global_shape->size() ? (*c.global_shape)[d] : 0;
+    if (int64_t w = 0; __builtin_add_overflow(c.left[d], c.right[d], &w) || __builtin_add_overflow(w, bulk, &w))
+      bad("right", "dimension " + std::to_string(d) + "'s widths left + right (" + std::to_string(c.left[d]) +
+                       " + " + std::to_string(c.right[d]) + ") and global extent " + std::to_string(bulk) +
+                       " exceed 2^63");
   }
   // An empty object gives no rank a shape and would print as no field at
   // all (case_reader_fuzz, issue 35 item 2).

@@ -49,13 +49,20 @@ at::Tensor fill(const Case& c, int worker, at::IntArrayRef shape, int64_t offset
 // normal floats and the result is a sum, which MPI adds in another order).
 enum class Compare { Exact, Elementwise };
 
+}  // namespace
+
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  // Bytes alone would let a tensor of another dtype or shape pass, or read
+  // past the end of a shorter one.
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
   // An empty tensor's data pointer may be null, and memcmp's arguments may
   // not be, even for 0 bytes (UndefinedBehaviorSanitizer, issue 35).
   if (a.numel() == 0) return b.numel() == 0;
   const auto x = a.contiguous(), y = b.contiguous();
   return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
 }
+
+namespace {
 
 // `scale`, when given (same shape as want), is the same sum taken over the
 // terms' magnitudes, sum |x_i|: a sum's rounding error is bounded by
@@ -228,6 +235,8 @@ void draw_inputs(Run& r, CaseOutcome& out) {
   out.x = r.xr[r.me].detach().clone();
   if (r.differentiable) out.x.requires_grad_(true);
   if (r.entry.linear) {
+    if (!c.in_features && (!c.global_shape || c.global_shape->empty()))
+      throw CaseError("case: the Linear layers need a global_shape of at least one dimension: " + c.repro());
     r.ctx.in = c.in_features ? c.in_features : c.global_shape->back();
     std::tie(r.ctx.W0, r.ctx.b0) = linear_parameters(c, r.ctx.in);
     r.ctx.Wr = r.ctx.W0.clone().requires_grad_(true);
@@ -314,7 +323,9 @@ void check_forward(Run& r, const CaseOutcome& out) {
              r.magnitudes.empty() ? at::Tensor() : r.magnitudes[r.me].detach()))
     r.problems.push_back("forward " + why);
   if (!same_bits(r.first_y, out.y))
-    r.problems.push_back("a second call with the same inputs (its plan reused) differs from the first");
+    r.problems.push_back("a second call with the same inputs (its plan reused) differs from the first (" +
+                         dtype_string(r.first_y.scalar_type()) + " " + shape_string(shape_of(r.first_y)) +
+                         " then " + dtype_string(out.y.scalar_type()) + " " + shape_string(shape_of(out.y)) + ")");
   if (r.layer.written) {
     if (out.y.numel() > 0 && out.y.data_ptr() != r.layer.written->data_ptr())
       r.problems.push_back("in_place: the forward output is not the input's storage");

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "partita/json.hpp"
 #include "partita/testing/case.hpp"
 #include "partita/testing/checks.hpp"
 #include "partita/mpi/runtime.hpp"
@@ -101,12 +102,22 @@ void harness_wait(MPI_Request& req, const LockstepParams& lp, const char* what) 
 
 
 // When `text` is a case file (a primitive's case), says how to keep it and,
-// with PARTITA_REGRESSIONS_DIR set, writes it there (rank 0).
+// with PARTITA_REGRESSIONS_DIR set, writes it there (rank 0). A case line
+// (a JSON object naming a primitive) that the reader refuses is said too:
+// `partita run` could not replay it.
 std::string keep_regression(const std::string& property, uint64_t seed, const std::string& text) {
   try {
     Case::parse(text, "counterexample");
-  } catch (const std::exception&) {
-    return {};
+  } catch (const std::exception& e) {
+    bool case_line = false;
+    try {
+      const json::Value v = json::parse(text, "counterexample");
+      case_line = v.is_object() && v.contains("primitive");
+    } catch (const std::exception&) {
+    }
+    if (!case_line) return {};
+    return "this case line is not a case file partita run reads (" + std::string(e.what()) +
+           "): the case generator and the case reader (testing/src/case.cpp) disagree\n";
   }
   std::string stem = property.substr(0, property.find(' ')) + "_seed" + std::to_string(seed);
   const char* dir = std::getenv("PARTITA_REGRESSIONS_DIR");

@@ -17,6 +17,7 @@
 #include "partita/errors.hpp"
 #include "partita/testing/ivalue_compare.hpp"
 #include "partita/testing/lockstep.hpp"
+#include "partita/testing/partition_cases.hpp"
 
 namespace partita::testing {
 namespace {
@@ -187,6 +188,64 @@ TEST(CaseRunner, ARejectionAgreesOnlyWithTheSameClassAndRule) {
   const std::string no_rule = error_class(ShapeError("no code"));
   EXPECT_EQ(no_rule, "ShapeError[no rule]");
   EXPECT_FALSE(rejection_agrees(no_rule, no_rule, true));
+}
+
+// The runner's check that a layer's second call equals its first: a first
+// output of another dtype or shape fails whatever its bytes, also one
+// whose bytes are the start of the second's or run past its end.
+TEST(CaseRunner, SameBitsNeedsTheSameDtypeAndShape) {
+  const at::Tensor a = at::arange(6, at::kLong);
+  EXPECT_TRUE(same_bits(a, a.clone()));
+  EXPECT_FALSE(same_bits(a.slice(0, 0, 3), a)) << "a shorter first output, the start of the second";
+  EXPECT_FALSE(same_bits(a, a.slice(0, 0, 3))) << "a longer first output";
+  EXPECT_FALSE(same_bits(a.reshape({2, 3}), a)) << "another shape, the same bytes";
+  EXPECT_FALSE(same_bits(a.view(at::kDouble), a)) << "another dtype, the same bytes";
+  EXPECT_FALSE(same_bits(at::zeros({0, 2}), at::zeros({0}))) << "two empty tensors of other shapes";
+  EXPECT_TRUE(same_bits(at::zeros({0, 2}), at::zeros({0, 2})));
+  EXPECT_FALSE(same_bits(a, a + 1));
+}
+
+// Every case the property generators draw prints (its `case:` line) as a
+// case file `partita run` reads back to the same case: repartitions and
+// halo exchanges whose tensor has more dimensions than P_x among them.
+TEST(CaseRunner, EveryDrawnCaseIsACaseFilePartitaRunReads) {
+  const std::vector<std::string> primitives = {"broadcast",      "sum_reduce",  "all_sum_reduce", "all_gather",
+                                               "reduce_scatter", "repartition", "halo_exchange"};
+  const std::vector<std::string> layers = {"linear", "linear_all_gather", "linear_reduce_scatter",
+                                           "linear_all_gather_zero", "linear_reduce_scatter_zero"};
+  for (int world : {1, 2, 3, 4, 6, 8})
+    for (const auto& gen : {gen_primitive_case(world, primitives), gen_linear_case(world, layers)})
+      EXPECT_TRUE(rc::check("drawn cases read back at " + std::to_string(world) + " ranks", [&gen] {
+        const Case c = *gen;
+        const std::string line = c.repro();
+        std::string again;
+        try {
+          again = Case::parse(line, "case").repro();
+        } catch (const CaseError& e) {
+          RC_FAIL(std::string("refused: ") + e.what());
+        }
+        RC_ASSERT(again == line);
+      }));
+}
+
+// A counterexample that prints as a case line the reader refuses is said
+// to be one (its replay through `partita run` would fail), not left out.
+struct RefusedCase {
+  explicit RefusedCase(int v) : value(v) {}
+  int value;
+};
+std::ostream& operator<<(std::ostream& os, const RefusedCase& c) {
+  return os << R"({"primitive": "broadcast", "P_x": {"ranks": [0], "shape": [1]}, "global_shape": [)" << c.value
+            << "]}";
+}
+
+TEST(Lockstep, ACaseLineTheReaderRefusesIsSaid) {
+  std::string report;
+  EXPECT_FALSE(check_lockstep<RefusedCase>("refused case line", rc::gen::construct<RefusedCase>(rc::gen::inRange(0, 5)),
+                                           [](const RefusedCase&, Verdict& v) { v.fail("every case fails"); },
+                                           &report));
+  EXPECT_NE(report.find("this case line is not a case file partita run reads"), std::string::npos) << report;
+  EXPECT_NE(report.find("field \"P_y\""), std::string::npos) << report;
 }
 
 TEST(Lockstep, ADeadlockFailsItsCaseAndTheNextRuns) {

@@ -31,7 +31,9 @@ Index unravel(int64_t rank, const Shape& shape);
 int64_t local_length(int64_t n, int64_t p, int64_t i);
 int64_t local_start(int64_t n, int64_t p, int64_t i);
 
-// Parses "1,3,1" / "1x3x1" (shapes) and "0-3,7,9-10" (rank lists).
+// Parses "1,3,1" / "1x3x1" (shapes) and "0-3,7,9-10" (rank lists). A rank
+// list holds at most kMaxRanks values, each from 0 to kMaxRanks.
+constexpr int64_t kMaxRanks = int64_t{1} << 20;
 Shape parse_shape(const std::string& text);
 Ranks parse_ranks(const std::string& text);
 

@@ -37,6 +37,10 @@ bool rejection_agrees(const std::string& expected_class, const std::string& mpi_
 // rejection_agrees: "ShapeError[team.shapes]", "DeadlineError[no rule]".
 std::string error_class(const Error& e);
 
+// True when a and b are the same tensor bit for bit: dtype, shape and every
+// byte (how the runner compares a layer's second call with its first).
+bool same_bits(const at::Tensor& a, const at::Tensor& b);
+
 // The inputs and cotangents of the documented scheme (Case::data_seed).
 at::Tensor case_input(const Case& c, int worker);
 at::Tensor case_cotangent(const Case& c, int worker, at::IntArrayRef shape);
