@@ -812,7 +812,10 @@ TEST(CheckpointErrors, AnUnfinishedSaveIsNotACheckpoint) {
 TEST(CheckpointErrors, ASaveLeavesAnotherSavesDirectoryAlone) {
   TempDir tmp;
   const std::string dir = tmp / "step-1";
-  const std::string live = temporary_of(dir, static_cast<long>(getppid())), plain = dir + ".partial";
+  // Rank 0's host and parent: across nodes the other ranks' differ.
+  const std::string live =
+      mpi::allgather_strings(temporary_of(dir, static_cast<long>(getppid())), mpi::world_comm())[0];
+  const std::string plain = dir + ".partial";
   // Another host's, of a process id no process here has (above Linux's
   // largest): this host cannot tell whether it is alive.
   const std::string elsewhere = dir + ".partial-another-host-4194305";
