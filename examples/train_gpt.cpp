@@ -41,6 +41,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -71,27 +72,70 @@ struct Flags {
   std::string resume;
   int die_at_step = -1;
   gpt::Sizes sizes;
+  bool help = false;
 };
+
+const char* const kUsage =
+    "usage: train_gpt [--steps N] [--batch N] [--lr X] [--seed N] [--text FILE] [--threads N]\n"
+    "                 [--layers N] [--hidden N] [--heads N] [--context N] [--dropout P]\n"
+    "                 [--data-parallel replicated|stored] [--checkpoint-every N] [--checkpoint-dir DIR]\n"
+    "                 [--resume DIR] [--die-at-step N]\n";
+
+// The whole of `v` as an integer in [lo, hi], or an error naming the flag.
+int64_t integer_flag(const std::string& k, const std::string& v, int64_t lo, int64_t hi) {
+  size_t used = 0;
+  int64_t x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || x < lo || x > hi)
+    throw std::invalid_argument("train_gpt: " + k + " takes an integer from " + std::to_string(lo) + " to " +
+                                std::to_string(hi) + ", not '" + v + "'");
+  return x;
+}
+
+double real_flag(const std::string& k, const std::string& v, double lo, double hi) {
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || !(x >= lo && x < hi))
+    throw std::invalid_argument("train_gpt: " + k + " takes a number in [" + std::to_string(lo) + ", " +
+                                std::to_string(hi) + "), not '" + v + "'");
+  return x;
+}
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--steps") f.steps = std::stoi(v);
-    else if (k == "--batch") f.batch = std::stoll(v);
-    else if (k == "--lr") f.lr = std::stod(v);
-    else if (k == "--seed") f.seed = std::stoull(v);
+  constexpr int64_t kInt = std::numeric_limits<int>::max(), kBig = int64_t{1} << 40;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      f.help = true;
+      return f;
+    }
+    if (i + 1 >= argc) throw std::invalid_argument("train_gpt: " + k + " needs a value");
+    const std::string v = argv[i + 1];
+    if (k == "--steps") f.steps = static_cast<int>(integer_flag(k, v, 0, kInt));
+    else if (k == "--batch") f.batch = integer_flag(k, v, 1, kBig);
+    else if (k == "--lr") f.lr = real_flag(k, v, 0, 1e6);
+    else if (k == "--seed") f.seed = static_cast<uint64_t>(integer_flag(k, v, 0, std::numeric_limits<int64_t>::max()));
     else if (k == "--text") f.text = v;
-    else if (k == "--threads") f.threads = std::stoi(v);
-    else if (k == "--layers") f.sizes.layers = std::stoll(v);
-    else if (k == "--hidden") f.sizes.hidden = std::stoll(v);
-    else if (k == "--heads") f.sizes.heads = std::stoll(v);
-    else if (k == "--context") f.sizes.context = std::stoll(v);
-    else if (k == "--dropout") f.sizes.dropout = std::stod(v);
-    else if (k == "--checkpoint-every") f.checkpoint_every = std::stoi(v);
+    else if (k == "--threads") f.threads = static_cast<int>(integer_flag(k, v, 1, 1024));
+    else if (k == "--layers") f.sizes.layers = integer_flag(k, v, 1, kBig);
+    else if (k == "--hidden") f.sizes.hidden = integer_flag(k, v, 1, kBig);
+    else if (k == "--heads") f.sizes.heads = integer_flag(k, v, 1, kBig);
+    else if (k == "--context") f.sizes.context = integer_flag(k, v, 1, kBig);
+    else if (k == "--dropout") f.sizes.dropout = real_flag(k, v, 0, 1);
+    else if (k == "--checkpoint-every") f.checkpoint_every = static_cast<int>(integer_flag(k, v, 0, kInt));
     else if (k == "--checkpoint-dir") f.checkpoint_dir = v;
     else if (k == "--resume") f.resume = v;
-    else if (k == "--die-at-step") f.die_at_step = std::stoi(v);
+    else if (k == "--die-at-step") f.die_at_step = static_cast<int>(integer_flag(k, v, -1, kInt));
     else if (k == "--data-parallel" && (v == "replicated" || v == "stored")) f.sizes.replicated = v == "replicated";
     else if (k == "--data-parallel") throw std::invalid_argument("train_gpt: --data-parallel takes replicated or stored, not " + v);
     else throw std::invalid_argument("train_gpt: unknown flag " + k);
@@ -143,7 +187,17 @@ double group_sum(double v, smp::CommGroup group) {
 
 int main(int argc, char** argv) {
   mpi::Environment env(&argc, &argv);
-  const Flags f = parse(argc, argv);
+  Flags f;
+  try {
+    f = parse(argc, argv);  // the same arguments on every rank: every rank refuses alike
+  } catch (const std::invalid_argument& e) {
+    if (mpi::world_rank() == 0) std::fprintf(stderr, "%s\n%s", e.what(), kUsage);
+    return 2;
+  }
+  if (f.help) {
+    if (mpi::world_rank() == 0) std::printf("%s", kUsage);
+    return 0;
+  }
   at::set_num_threads(f.threads);
   smp::init(configuration(mpi::world_size()));
   const int pp = smp::pp_size(), tp = smp::tp_size(), dp = smp::dp_size(), stage = smp::pp_rank();
