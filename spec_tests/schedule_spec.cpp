@@ -238,9 +238,22 @@ TEST(Schedule, BadSchedulesNameTheFirstOffendingAction) {
                   "rank 0, action 0 (0F0): the stage's first forward must be followed at once by its SEND_F");
   EXPECT_NO_THROW(smp::verify(from_rows({"0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1",
                                          "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1"})));
-  // Virtual stages whose counts would overflow.
+  // A schedule too large to hold, and timelines too large to draw.
+  EXPECT_CONTAINS(raised<ScheduleError>([] { smp::build_schedule("gpipe", 4096, 65536); }),
+                  "4096 ranks x 65536 microbatches x 1 virtual stages is above 2^24 computations");
+  {
+    // 64 ranks x 64 microbatches at costs of 1000: a makespan of about
+    // 254,000 units, 16 million cells; 64 x 2100 microbatches: 268,800 boxes.
+    const Schedule costly = smp::build_schedule("1f1b", 64, 64);
+    const smp::Simulation sim = smp::verify(costly, smp::Costs().forward(1000).backward_input(1000).backward_weight(1000));
+    EXPECT_CONTAINS(smp::timeline_text(costly, sim), "(no timeline: 64 ranks x a makespan of");
+    EXPECT_EQ(smp::timeline_text(costly, smp::verify(costly)).find("no timeline"), std::string::npos);
+    const Schedule many = smp::build_schedule("1f1b", 64, 2100);
+    EXPECT_CONTAINS(smp::timeline_svg(many, smp::verify(many)), "no timeline: 268800 actions, above 262144");
+  }
+  // Virtual stages whose counts would overflow int.
   EXPECT_CONTAINS(raised<ScheduleError>([] { smp::build_schedule("interleaved_1f1b", 2, 2, 1 << 30); }),
-                  "above 2^20 stages or 2^24 forwards");
+                  "2 ranks x 2 microbatches x 1073741824 virtual stages is above 2^24 computations");
   // The verifier takes the user's schedule as it is: the same order as
   // 1F1B written with explicit messages passes.
   EXPECT_NO_THROW(smp::verify(smp::with_comms(smp::build_schedule("1f1b", 4, 8))));

@@ -35,13 +35,14 @@ smp::Costs parse_costs(const std::string& text) {
     try {
       size_t used = 0;
       const double x = std::stod(item, &used);
-      if (used != item.size() || !(x > 0)) throw std::invalid_argument(item);
+      // Relative costs: the text timeline has a column per unit of time.
+      if (used != item.size() || !(x > 0 && x <= 1000)) throw std::invalid_argument(item);
       v.push_back(x);
     } catch (const std::exception&) {
-      throw smp::UsageError("--costs: expected three positive numbers F,I,W, got \"" + text + "\"");
+      throw smp::UsageError("--costs: expected three numbers F,I,W in (0, 1000], got \"" + text + "\"");
     }
   }
-  if (v.size() != 3) throw smp::UsageError("--costs: expected three positive numbers F,I,W, got \"" + text + "\"");
+  if (v.size() != 3) throw smp::UsageError("--costs: expected three numbers F,I,W in (0, 1000], got \"" + text + "\"");
   c.forward(v[0]).backward_input(v[1]).backward_weight(v[2]);
   return c;
 }

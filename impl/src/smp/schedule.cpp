@@ -164,11 +164,6 @@ Schedule one_f_one_b(int p, int m) {
 Schedule interleaved_1f1b(int p, int m, int v) {
   check_counts("interleaved_1f1b", p, m);
   if (v < 1) fail("interleaved_1f1b: " + std::to_string(v) + " virtual stages per rank (at least 1)");
-  // Counted in int below: bounded far beyond any model's layers.
-  if (static_cast<int64_t>(p) * v > (1 << 20) || static_cast<int64_t>(m) * v > (1 << 24))
-    fail("interleaved_1f1b: " + std::to_string(v) + " virtual stages per rank make " +
-         std::to_string(static_cast<int64_t>(p) * v) + " stages and " + std::to_string(static_cast<int64_t>(m) * v) +
-         " forwards per rank, above 2^20 stages or 2^24 forwards");
   if (v == 1) {
     Schedule s = one_f_one_b(p, m);
     s.name = "interleaved_1f1b";
@@ -262,11 +257,25 @@ std::vector<std::string> schedule_names() {
 
 bool schedule_takes_virtual_stages(const std::string& name) { return builtin_of(name) == "interleaved_1f1b"; }
 
+namespace {
+// Bounds on what is built and drawn: computations of each kind in a
+// built-in schedule, the text timeline's cells (ranks x time units) and
+// the SVG's boxes.
+constexpr int64_t kMaxScheduleComputations = int64_t{1} << 24;
+constexpr double kMaxTimelineCells = 1 << 22;
+constexpr size_t kMaxTimelineBoxes = size_t{1} << 18;
+}  // namespace
+
 Schedule build_schedule(const std::string& name, int ranks, int microbatches, int v) {
   const std::string b = builtin_of(name);
   if (b != "interleaved_1f1b" && v != 1)
     fail(name + " has one stage per rank; it cannot take " + std::to_string(v) +
          " virtual stages per rank (interleaved_1f1b can)");
+  // The whole schedule is held on every rank (and drawn by explain).
+  if (ranks > 0 && microbatches > 0 && v > 0 &&
+      static_cast<int64_t>(ranks) * microbatches * v > kMaxScheduleComputations)
+    fail(name + ": " + std::to_string(ranks) + " ranks x " + std::to_string(microbatches) + " microbatches x " +
+         std::to_string(v) + " virtual stages is above 2^24 computations of each kind");
   if (b == "gpipe") return gpipe(ranks, microbatches);
   if (b == "1f1b") return one_f_one_b(ranks, microbatches);
   if (b == "zb_h1") return zb_h1(ranks, microbatches);
@@ -810,6 +819,11 @@ std::string label(const Action& a, const std::vector<int>& chunk) {
 
 std::string timeline_text(const Schedule& s, const Simulation& sim) {
   const std::vector<int> chunk = chunks(s);
+  const double cells = std::ceil(sim.makespan - 1e-9) * s.ranks;
+  if (!(cells <= kMaxTimelineCells))
+    return "(no timeline: " + std::to_string(s.ranks) + " ranks x a makespan of " +
+           std::to_string(static_cast<int64_t>(std::ceil(sim.makespan))) + " is above " +
+           std::to_string(static_cast<int64_t>(kMaxTimelineCells)) + " cells)\n";
   const int slots = static_cast<int>(std::ceil(sim.makespan - 1e-9));
   size_t width = 2;
   for (const auto& row : sim.timeline)
@@ -841,6 +855,12 @@ std::string timeline_text(const Schedule& s, const Simulation& sim) {
 
 std::string timeline_svg(const Schedule& s, const Simulation& sim) {
   const std::vector<int> chunk = chunks(s);
+  size_t boxes = 0;
+  for (const auto& r : sim.timeline) boxes += r.size();
+  if (boxes > kMaxTimelineBoxes)
+    return "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"600\" height=\"40\"><text x=\"10\" y=\"25\">no "
+           "timeline: " + std::to_string(boxes) + " actions, above " + std::to_string(kMaxTimelineBoxes) +
+           "</text></svg>\n";
   const double unit = 28, row = 26, left = 70, top = 40;
   const double width = left + sim.makespan * unit + 20, height = top + s.ranks * row + 40;
   auto fill = [](K k) {

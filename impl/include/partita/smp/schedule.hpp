@@ -104,7 +104,8 @@ Schedule zb_h1(int ranks, int microbatches);
 // configuration names "simple" (GPipe), "interleaved" (1F1B),
 // "interleaved_virtual" (interleaved_1f1b) and "zero_bubble" (ZB-H1). v
 // must be 1 for the schedules without virtual stages. ScheduleError for an
-// unknown name or a count the schedule cannot take.
+// unknown name or a count the schedule cannot take (ranks x microbatches x
+// v above 2^24 among them: the whole schedule is held on every rank).
 Schedule build_schedule(const std::string& name, int ranks, int microbatches, int v = 1);
 std::vector<std::string> schedule_names();
 // Virtual stages per rank a named schedule allows (v == 1 only, or any v >= 1).
@@ -192,7 +193,8 @@ double theoretical_bubble(const std::string& name, int ranks, int microbatches, 
 
 // Text: one row per rank, one column per time unit of the simulation,
 // "F0" / "I3" / "W3" / "B3" (with ".c" for the chunk c when ranks hold several
-// stages), ".." for idle. SVG: the same, one box per action.
+// stages), ".." for idle. SVG: the same, one box per action. Above 2^22
+// cells (ranks x time units) or 2^18 boxes each says so instead.
 std::string timeline_text(const Schedule& s, const Simulation& sim);
 std::string timeline_svg(const Schedule& s, const Simulation& sim);
 
