@@ -458,6 +458,17 @@ TEST(Pipeline, VirtualStagesHoldEveryPthChunk) {
   EXPECT_EQ(names, expected);
 }
 
+// After an error: the integer MLP trains at p ranks with v = 2, equal to one
+// process bit for bit.
+void expect_virtual_stages_train(int p) {
+  testing::PipelineRun run;
+  run.model = integer_mlp();
+  run.microbatches = p;
+  run.batch = 16;
+  run.steps = 1;
+  EXPECT_EQ(testing::check_against_serial(run, 0.0), "") << run;
+}
+
 // Issue 31 item 6: v that the model's layers cannot hold (fewer layers than
 // p * v stages), v without the interleaved_virtual pipeline, and a
 // microbatch count Megatron's order cannot take raise a clear error on every
@@ -488,12 +499,7 @@ TEST(PipelineErrors, VirtualStagesTheModelOrScheduleCannotTake) {
                         std::to_string(p) + " ranks");
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
     // The next step trains.
-    testing::PipelineRun run;
-    run.model = integer_mlp();
-    run.microbatches = p;
-    run.batch = 16;
-    run.steps = 1;
-    EXPECT_EQ(testing::check_against_serial(run, 0.0), "") << run;
+    expect_virtual_stages_train(p);
   }
   // v > 1 with a schedule that has no virtual stages.
   smp::Config cfg;
@@ -1122,12 +1128,7 @@ TEST(PipelineErrors, AScheduleRefusedOnOneRank) {
         EXPECT_CONTAINS(got.text, "world rank " + std::to_string(last) + " failed in the start of the step (its schedule)");
       EXPECT_EQ(got.kind, "usage") << got.text;
     }
-    testing::PipelineRun run;
-    run.model = integer_mlp();
-    run.microbatches = p;
-    run.batch = 16;
-    run.steps = 1;
-    EXPECT_EQ(testing::check_against_serial(run, 0.0), "") << run;
+    expect_virtual_stages_train(p);
   }
 }
 

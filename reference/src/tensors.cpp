@@ -37,13 +37,22 @@ void check_inputs(const std::string& what, const Partition& P_x, const Tensors& 
   }
 }
 
+// docs/design.md, "Workers with no data", restated here: a worker that
+// sends and receives nothing holds an empty tensor of its input's dtype,
+// [batch, 0] when the batch size is kept, else [0].
+at::Tensor no_data(const at::Tensor& x, bool preserve_batch) {
+  const std::vector<int64_t> shape =
+      preserve_batch && x.dim() >= 1 ? std::vector<int64_t>{x.size(0), 0} : std::vector<int64_t>{0};
+  return at::zeros(shape, at::TensorOptions().dtype(x.scalar_type()));
+}
+
 Tensors over_receivers(const Partition& P_x, const Partition& P_y, const Tensors& x,
                        bool preserve_batch, const std::function<at::Tensor(int w)>& receiver) {
   Tensors y(x.size());
   for (size_t w = 0; w < x.size(); ++w) {
     const int me = static_cast<int>(w);
     if (P_y.active(me)) y[w] = receiver(me);
-    else if (P_x.active(me)) y[w] = zero_volume_like(x[w], preserve_batch);
+    else if (P_x.active(me)) y[w] = no_data(x[w], preserve_batch);
     else y[w] = x[w].clone();
   }
   return y;

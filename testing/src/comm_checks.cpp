@@ -38,8 +38,8 @@ Tensors reference_outputs(const Call& c, int ranks, at::ScalarType dtype, uint64
 }
 
 std::string check_forward(const mpi::Communicator& comm, const Call& c, at::ScalarType dtype,
-                          uint64_t seed) {
-  return testing::check_forward(bind(comm, c), dtype, seed);
+                          uint64_t seed, const Tolerance& tol) {
+  return testing::check_forward(bind(comm, c), dtype, seed, tol);
 }
 
 std::string check_backward(const mpi::Communicator& comm, const Call& c, at::ScalarType dtype,

@@ -29,7 +29,11 @@ Tensors repartition(const Partition& P_x, const Partition& P_y, const Tensors& x
   }
   // Cut it by the balanced decomposition over P_y.
   return over_receivers(P_x, P_y, x, /*preserve_batch=*/false, [&](int me) {
-    const Index iy = unravel(P_y.rank(me), sy);
+    // This worker's place in P_y as the reference counts it, with the
+    // leading ones the tensor's extra dimensions add.
+    const Index own = P_y.index(me);
+    Index iy(static_cast<size_t>(d) - own.size(), 0);
+    iy.insert(iy.end(), own.begin(), own.end());
     at::Tensor piece = global;
     for (int64_t k = 0; k < d; ++k) {
       const auto [start, length] = balanced_piece(n[k], sy[k], iy[k]);

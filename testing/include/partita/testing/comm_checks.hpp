@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "partita/mpi/communicator.hpp"
+#include "partita/testing/checks.hpp"
 
 namespace partita::testing::comm {
 
@@ -38,14 +39,15 @@ struct Call {
 double sum_over_ranks(double local);
 
 // "" when this rank's output equals the reference's for this rank (exact for
-// integers and booleans, within a few units of the dtype's precision
-// relative to the largest value for floats); otherwise what differed. An
-// all-zero output from a non-zero reference fails too.
+// integers and booleans; for floats within the dtype's default Tolerance,
+// checks.hpp: |got - want| <= bound x max(1, max |want|)); otherwise what
+// differed. An all-zero output from a non-zero reference fails too.
 std::string compare(const at::Tensor& got, const at::Tensor& want);
 
-// Forward of `c` on every rank's input (dtype, seed) against the reference.
+// Forward of `c` on every rank's input (dtype, seed) against the reference,
+// within `tol` (Tolerance::exact() for a call that only moves values).
 std::string check_forward(const mpi::Communicator& comm, const Call& c, at::ScalarType dtype,
-                          uint64_t seed);
+                          uint64_t seed, const Tolerance& tol = {});
 
 // <F x, y> == <x, F* y> summed over the ranks, float64, y random per rank;
 // F* y from backward. Returns "" or the gap. `relative_gap` gets the gap.
