@@ -15,6 +15,10 @@
 //   slow        as collective, but the victim joins 8 s late: alive and
 //               reachable, so a peer check that probes it must not end
 //               anyone (run with PARTITA_PEER_CHECK=2 across nodes)
+//   early       nothing is lost: the victim finishes at once (its process
+//               ends), and rank 0 waits 8 s for a message from rank 2; the
+//               peer check (PARTITA_PEER_CHECK=2) must not take the
+//               finished victim for a lost one
 //
 // With a second argument `cut` (run across simulated nodes with network
 // namespaces, tools/simnodes.sh --netns), the victim does not die where it
@@ -107,6 +111,22 @@ void collective() {
   (void)layer(x);
 }
 
+void early() {
+  const auto comm = mpi::Communicator::world().dup();
+  if (victim()) return;
+  const at::Tensor t = at::full({4}, 1.0, at::kDouble);
+  if (mpi::world_rank() == 2) {
+    sleep(8);
+    auto s = comm.isend(t, 0, 9);
+    (void)comm.wait(s);
+  } else if (mpi::world_rank() == 0) {
+    const at::Tensor in = at::empty({4}, at::kDouble);
+    say("waits in");
+    auto q = comm.irecv(in, 2, 9);
+    (void)comm.wait(q);
+  }
+}
+
 void pipeline() {
   const int n = mpi::world_size();
   smp::Config config;
@@ -189,8 +209,9 @@ int main(int argc, char** argv) {
     else if (g_mode == "pipeline" || g_mode == "throw") pipeline();
     else if (g_mode == "smp_send") smp_send();
     else if (g_mode == "isend") isend();
+    else if (g_mode == "early") early();
     else {
-      std::fprintf(stderr, "rank_death: unknown mode '%s' (collective, pipeline, smp_send, isend, throw, stuck, slow)\n",
+      std::fprintf(stderr, "rank_death: unknown mode '%s' (collective, pipeline, smp_send, isend, throw, stuck, slow, early)\n",
                    g_mode.c_str());
       return 2;
     }

@@ -9,10 +9,12 @@
 #             every other rank's peer check must end it with "partita: rank
 #             R on node nodeR waited S s in WHAT and lost contact with world
 #             rank 1 (pid P) on node node1", P being rank 1's pid.
-#   HOW=slow  nothing is lost: rank 1 joins MODE (slow) 8 s late, and the
-#             test sets PARTITA_PEER_CHECK=2, so the others probe it several
-#             times; it answers, and the job must end with status 0, every
-#             rank through the operation, no line of a lost contact.
+#   HOW=slow  nothing is lost: rank 1 joins MODE (slow) 8 s late, or
+#             finishes at once (early), and the test sets
+#             PARTITA_PEER_CHECK=2, so the others probe; a late rank
+#             answers, a finished one said so, and the job must end with
+#             status 0, every rank through the operation, no line of a lost
+#             contact.
 #
 # kill and cut: the job ends within LIMIT seconds (default 30) with a
 # non-zero status, and ranks 0 and 2 reached the operation ("rank R waits

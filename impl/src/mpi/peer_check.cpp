@@ -48,7 +48,7 @@ struct PeerRecord {
 
 struct PeerDatagram {
   uint32_t magic;
-  uint32_t kind;  // 0 probe, 1 answer
+  uint32_t kind;  // 0 probe, 1 answer, 2 finished (the sender ends; never lost)
   uint64_t nonce;
   int32_t from;
   int32_t to;
@@ -67,6 +67,7 @@ struct PeerCheck {
   uint64_t nonce = 0;
   std::vector<PeerRecord> records;
   std::vector<int> remote;  // ranks on other hosts
+  std::vector<char> finished;  // ranks that said they end (kind 2): not probed
   std::atomic<bool> stop{false};
   std::thread thread;
   // The wait this thread watches: when it began (0: none), its name, and
@@ -103,6 +104,7 @@ struct PeerCheck {
           d.from >= static_cast<int>(records.size()))
         continue;
       if (d.kind == 0) send(d.from, 1, d.round, &src);
+      else if (d.kind == 2) finished[d.from] = 1;
       else if (d.round == round) answered[d.from] = 1;
     }
   }
@@ -158,12 +160,13 @@ struct PeerCheck {
         ++round;
         std::fill(answered.begin(), answered.end(), 0);
         probe_began = last_sent = waited;
-        for (int r : remote) send(r, 0, round);
+        for (int r : remote)
+          if (!finished[r]) send(r, 0, round);
         continue;
       }
       std::vector<int> silent;
       for (int r : remote)
-        if (!answered[r]) silent.push_back(r);
+        if (!answered[r] && !finished[r]) silent.push_back(r);
       if (silent.empty()) {  // every node is there: a slow peer, not a lost one
         probing = false;
         next_probe = waited + check_after;
@@ -263,12 +266,22 @@ void peer_check_start(MPI_Comm world) {
   c->check_after = after;
   c->nonce = all[0].nonce;
   c->records = std::move(all);
+  c->finished.assign(c->records.size(), 0);
   for (int r = 0; r < size; ++r)
     if (r != rank && (asked || std::strncmp(c->records[r].host, mine.host, sizeof mine.host) != 0))
       c->remote.push_back(r);
   g_check = c;
   g_peer_check_on = true;
   c->thread = std::thread([c] { c->run(); });
+}
+
+void peer_check_finishing() {
+  PeerCheck* c = g_check;
+  if (!c) return;
+  // Three times, a datagram being able to get lost; the answering thread
+  // runs on until peer_check_stop.
+  for (int k = 0; k < 3; ++k)
+    for (int r : c->remote) c->send(r, 2, 0);
 }
 
 void peer_check_stop() {

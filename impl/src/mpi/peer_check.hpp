@@ -14,6 +14,10 @@ namespace partita::mpi::detail {
 // Collective over `world` (at start-up, from Environment): gathers every
 // rank's host, address and port and starts the thread where the check is on.
 void peer_check_start(MPI_Comm world);
+// This rank ends (Environment's destructor, before MPI_Finalize): the other
+// nodes' ranks are told, and stop probing it; the thread answers on until
+// peer_check_stop (after MPI_Finalize).
+void peer_check_finishing();
 void peer_check_stop();
 
 // True while the check runs (read by the waits; set only at start-up).

@@ -208,10 +208,19 @@ Environment::Environment(int* argc, char*** argv) {
 }
 
 Environment::~Environment() {
-  detail::peer_check_stop();
+  // The other nodes' ranks hear that this one ends, and it answers their
+  // probes until MPI_Finalize returns: a rank that finished early is not
+  // taken for a lost one, and a node lost while this rank is inside
+  // MPI_Finalize is still found (docs/mpi-runtime.md, "A lost node").
+  detail::peer_check_finishing();
   g_watchdog.finish();
   if (g_world != MPI_COMM_NULL) MPI_Comm_free(&g_world);
-  if (owns_mpi_) MPI_Finalize();
+  if (owns_mpi_) {
+    detail::peer_wait_begin("MPI_Finalize");
+    MPI_Finalize();
+    detail::peer_wait_end();
+  }
+  detail::peer_check_stop();
 }
 
 MPI_Comm world_comm() {
