@@ -126,6 +126,10 @@ TEST(Schedule, LiveActivationBounds) {
   tight.live_bound[1] = 2;
   EXPECT_CONTAINS(raised<ScheduleError>([&] { smp::verify(tight); }),
                   "rank 1, action 2 (1F2): rank 1 holds 3 live activations, above the schedule's bound of 2");
+  // A bound of 0 is no bound the schedule could keep, not "no bound".
+  tight.live_bound[1] = 0;
+  EXPECT_CONTAINS(raised<ScheduleError>([&] { smp::verify(tight); }),
+                  "rank 1's live-activation bound is 0 (at least 1; an empty list states no bound)");
 }
 
 TEST(Schedule, CsvRoundTripAndPytorchCells) {

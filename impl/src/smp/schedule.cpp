@@ -677,7 +677,7 @@ struct Plan {
         if (a.kind == K::kForward) ++now;
         if (a.kind == K::kFullBackward || a.kind == K::kBackwardWeight) --now;
         peaks[r] = std::max(peaks[r], now);
-        if (check && r < static_cast<int>(s.live_bound.size()) && s.live_bound[r] > 0 && now > s.live_bound[r])
+        if (check && r < static_cast<int>(s.live_bound.size()) && now > s.live_bound[r])
           fail(where(r, i, a) + ": rank " + std::to_string(r) + " holds " + std::to_string(now) +
                " live activations, above the schedule's bound of " + std::to_string(s.live_bound[r]));
       }
@@ -696,6 +696,11 @@ void check_shape(const Schedule& s) {
   if (!s.live_bound.empty() && static_cast<int>(s.live_bound.size()) != s.ranks)
     fail("the schedule states live-activation bounds for " + std::to_string(s.live_bound.size()) + " ranks, not " +
          std::to_string(s.ranks));
+  // (An empty list states no bound; a bound of 0 would read as none.)
+  for (size_t r = 0; r < s.live_bound.size(); ++r)
+    if (s.live_bound[r] < 1)
+      fail("rank " + std::to_string(r) + "'s live-activation bound is " + std::to_string(s.live_bound[r]) +
+           " (at least 1; an empty list states no bound)");
 }
 
 }  // namespace
