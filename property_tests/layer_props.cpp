@@ -45,6 +45,7 @@
 #include "partita/nn/vocab_parallel.hpp"
 #include "partita/reference/attention.hpp"
 #include "partita/reference/dropout.hpp"
+#include "partita/reference/layer_norm.hpp"
 #include "partita/reference/linear.hpp"
 #include "partita/reference/partition.hpp"
 #include "partita/testing/lockstep.hpp"
@@ -110,9 +111,16 @@ TEST(LayerProperty, SequenceParallelLayerNormMatchesItsTwin) {
     m.shards = [&] { return std::vector<ParameterShard>{{"weight", layer->weight, {}}, {"bias", layer->bias, {}}}; };
     m.parameters = {{"weight", {c.features}}, {"bias", {c.features}}};
     m.input_shapes = [&](int r) { return std::vector<Shape>{shape_of(r)}; };
+    // The reference's layer norm (mean and variance written out), not
+    // LibTorch's at::layer_norm, which the layer itself calls.
     m.twin = [&](const std::vector<Tensors>& xs, const ParameterMap& w) {
+      Tensors x;
+      for (const auto& v : xs) x.push_back(v[0]);
+      const auto ref = reference::Partition::world(p).create_cartesian_topology_partition({c.d, t, 1});
       std::vector<Tensors> ys;
-      for (const auto& x : xs) ys.push_back({at::layer_norm(x[0], {c.features}, w.at("weight"), w.at("bias"), 1e-5)});
+      for (const at::Tensor& y :
+           reference::sequence_parallel_layer_norm(ref, c.features, w.at("weight"), w.at("bias"), 1e-5, x))
+        ys.push_back({y});
       return ys;
     };
     (void)me;
