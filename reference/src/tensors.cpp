@@ -37,9 +37,9 @@ void check_inputs(const std::string& what, const Partition& P_x, const Tensors& 
   }
 }
 
-// docs/design.md, "Workers with no data", restated here: a worker that
-// sends and receives nothing holds an empty tensor of its input's dtype,
-// [batch, 0] when the batch size is kept, else [0].
+// A worker that sends and receives nothing holds an empty tensor of its
+// input's dtype: [batch, 0] when the batch size is kept, else [0]
+// (docs/design.md, "Workers with no data").
 at::Tensor no_data(const at::Tensor& x, bool preserve_batch) {
   const std::vector<int64_t> shape =
       preserve_batch && x.dim() >= 1 ? std::vector<int64_t>{x.size(0), 0} : std::vector<int64_t>{0};
