@@ -12,7 +12,9 @@
 //  - VocabParallelEmbedding: the table's rows split over the world (uneven),
 //    token ids split by tokens; VocabParallelCrossEntropy: logits split by
 //    vocabulary, targets by tokens, on replicas too (ids and targets drawn
-//    in 0..7, so the vocabulary has 8 to 13 entries).
+//    in 0..7, so the vocabulary has 8 to 13 entries); both against the
+//    reference's twins (reference::vocab_parallel_embedding and
+//    reference::vocab_parallel_cross_entropy).
 //  - ParallelSelfAttention: heads split over t (1 or 2 per worker), tokens
 //    uneven, on replicas too, against reference::parallel_self_attention.
 //  - SeededDropout: each worker's mask against one process's mask of the
@@ -46,6 +48,7 @@
 #include "partita/reference/attention.hpp"
 #include "partita/reference/dropout.hpp"
 #include "partita/reference/layer_norm.hpp"
+#include "partita/reference/vocab_parallel.hpp"
 #include "partita/reference/linear.hpp"
 #include "partita/reference/partition.hpp"
 #include "partita/testing/lockstep.hpp"
@@ -202,13 +205,14 @@ TEST(LayerProperty, VocabParallelEmbeddingMatchesItsTwin) {
     m.input_shapes = [&](int r) { return std::vector<Shape>{{rows, length(c.tokens, t, r)}}; };
     m.integer_inputs = {{0, at::kLong}};
     m.integer_high = {{0, vocab}};
+    // The reference's embedding (rows picked from the global table), not
+    // at::embedding, which the layer itself calls.
     m.twin = [&](const std::vector<Tensors>& xs, const ParameterMap& w) {
-      Tensors pieces;
-      for (const auto& x : xs) pieces.push_back(x[0]);
-      const at::Tensor ids = at::cat(pieces, 1);
-      const at::Tensor E = at::embedding(w.at("weight"), ids);
+      Tensors ids;
+      for (const auto& x : xs) ids.push_back(x[0]);
+      const auto ref = reference::Partition::world(p).create_cartesian_topology_partition({1, t, 1});
       std::vector<Tensors> ys;
-      for (int64_t s = 0; s < t; ++s) ys.push_back({E.narrow(1, first(c.tokens, t, s), length(c.tokens, t, s))});
+      for (const at::Tensor& y : reference::vocab_parallel_embedding(ref, w.at("weight"), ids)) ys.push_back({y});
       return ys;
     };
     check_module_all(m, c.seed, v,
@@ -233,21 +237,17 @@ TEST(LayerProperty, VocabParallelCrossEntropyMatchesItsTwin) {
     };
     m.integer_inputs = {{1, at::kLong}};
     m.integer_high = {{1, vocab}};
-    // The twin: each replica's whole logits and targets, log-softmax at the
-    // target, cut by tokens.
+    // The reference's loss: each replica's whole logits and targets,
+    // logsumexp less the target's logit, cut by tokens.
     m.twin = [&](const std::vector<Tensors>& xs, const ParameterMap&) {
-      std::vector<Tensors> ys(xs.size());
-      for (int64_t q = 0; q < c.d; ++q) {
-        Tensors l, g;
-        for (int64_t s = 0; s < t; ++s) {
-          l.push_back(xs[rank_of(t, q, s)][0]);
-          g.push_back(xs[rank_of(t, q, s)][1]);
-        }
-        const at::Tensor logp = at::log_softmax(at::cat(l, 2), -1);
-        const at::Tensor nll = -logp.gather(-1, at::cat(g, 1).unsqueeze(-1)).squeeze(-1);
-        for (int64_t s = 0; s < t; ++s)
-          ys[rank_of(t, q, s)] = {nll.narrow(1, first(c.tokens, t, s), length(c.tokens, t, s))};
+      Tensors logits, targets;
+      for (const auto& x : xs) {
+        logits.push_back(x[0]);
+        targets.push_back(x[1]);
       }
+      const auto ref = reference::Partition::world(p).create_cartesian_topology_partition({c.d, t, 1});
+      std::vector<Tensors> ys;
+      for (const at::Tensor& y : reference::vocab_parallel_cross_entropy(ref, logits, targets)) ys.push_back({y});
       return ys;
     };
     check_module_all(m, c.seed, v, ModuleCheckOptions().finite_differences(c.seed % 10 == 0));
