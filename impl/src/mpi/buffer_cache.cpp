@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "partita/errors.hpp"
+#include "env_number.hpp"
 
 namespace partita::mpi {
 
@@ -185,9 +186,7 @@ BufferCacheStats buffer_cache_stats() {
   return g_cache ? g_cache->stats() : BufferCacheStats{};
 }
 
-namespace {
-// A finite non-negative number (at most 1e15) from the environment, or
-// `otherwise` when unset.
+namespace detail {
 double number_from_environment(const char* name, double otherwise) {
   const char* v = std::getenv(name);
   if (!v || !*v) return otherwise;
@@ -197,7 +196,7 @@ double number_from_environment(const char* name, double otherwise) {
     throw Error(std::string(name) + ": expected a non-negative number (at most 1e15), got \"" + v + "\"");
   return x;
 }
-}  // namespace
+}  // namespace detail
 
 namespace {
 std::atomic<size_t> g_output_reuse_limit{kDefaultOutputReuseBytes};
@@ -215,9 +214,9 @@ size_t bytes_of(double units, double unit_bytes) {
 }  // namespace
 
 void buffer_cache_from_environment() {
-  const double reuse = number_from_environment("PARTITA_OUTPUT_REUSE_BYTES", double(kDefaultOutputReuseBytes));
-  const double mib = number_from_environment("PARTITA_BUFFER_CACHE_MIB", double(kDefaultBufferCacheMiB));
-  const double min_kib = number_from_environment("PARTITA_BUFFER_CACHE_MIN_KIB", 1024);
+  const double reuse = detail::number_from_environment("PARTITA_OUTPUT_REUSE_BYTES", double(kDefaultOutputReuseBytes));
+  const double mib = detail::number_from_environment("PARTITA_BUFFER_CACHE_MIB", double(kDefaultBufferCacheMiB));
+  const double min_kib = detail::number_from_environment("PARTITA_BUFFER_CACHE_MIN_KIB", 1024);
   // 0 turns it off: nothing is installed when it was not (LibTorch keeps its
   // own allocator), and one installed before stops holding blocks.
   enable_buffer_cache(bytes_of(mib, 1 << 20), bytes_of(min_kib, 1024));

@@ -1,5 +1,6 @@
 #include "partita/mpi/runtime.hpp"
 #include "partita/mpi/buffer_cache.hpp"
+#include "env_number.hpp"
 
 #include <sched.h>
 
@@ -196,8 +197,8 @@ Environment::Environment(int* argc, char*** argv) {
   MPI_Comm_rank(g_world, &g_rank);
   MPI_Comm_size(g_world, &g_size);
   g_policy = policy_from_environment();
-  if (const char* t = std::getenv("PARTITA_WAIT_TIMEOUT")) g_timeout = std::atof(t);
-  if (const char* t = std::getenv("PARTITA_DEADLINE")) g_deadline = scaled_for_ranks(std::atof(t));
+  g_timeout = detail::number_from_environment("PARTITA_WAIT_TIMEOUT", g_timeout);
+  if (const double d = detail::number_from_environment("PARTITA_DEADLINE", -1); d >= 0) g_deadline = scaled_for_ranks(d);
   buffer_cache_from_environment();
   // Blocking calls where every rank may use them (an MPI_Allreduce of
   // start-up, before any partita traffic).
