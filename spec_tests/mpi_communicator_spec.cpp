@@ -599,6 +599,64 @@ TEST(CommunicatorMisuse, IsendWhoseWaitIsNotInTheGraph) {
   expect_error("isend backward", "wait's backward did not", [&] { res.sum().backward(); });
 }
 
+// Three messages of 24 bytes in flight on one (peer, tag) (two of 3
+// float64, one of 6 float32), their receiver's backward run once per
+// message (oldest first, then newest first) and their sender's once for all
+// (the engine runs the newest first): each gradient still reaches the
+// tensor whose message it belongs to (docs/communicator.md, "Adjoint
+// messages"), not another one. Needs a peer: at 1 rank the receiver's
+// backward waits for a send to itself that nothing receives yet.
+TEST(CommunicatorAdjoint, GradientsFindTheirMessageWhateverTheBackwardOrder) {
+  if (P() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const Communicator comm = world().dup();
+  const int next = (me() + 1) % P(), prev = (me() - 1 + P()) % P();
+  for (const bool oldest_first : {true, false}) {
+    std::vector<at::Tensor> sent, got, waits;
+    std::vector<mpi::WaitHandle> handles;
+    const std::vector<at::ScalarType> types = {at::kDouble, at::kFloat, at::kDouble};
+    auto shape = [&](size_t k) { return std::vector<int64_t>{types[k] == at::kFloat ? 6 : 3}; };
+    for (size_t k = 0; k < types.size(); ++k) {
+      sent.push_back(input_of(90 + k, me(), shape(k), types[k]).requires_grad_());
+      handles.push_back(comm.isend(sent[k], next, 7));
+    }
+    for (size_t k = 0; k < types.size(); ++k)
+      got.push_back(comm.recv(torch::zeros(shape(k), types[k]).requires_grad_(), prev, 7));
+    for (auto& h : handles) waits.push_back(comm.wait(h));
+    // The receiver: a loss per message, message k weighted by k + 2.
+    for (size_t i = 0; i < got.size(); ++i) {
+      const size_t k = oldest_first ? i : got.size() - 1 - i;
+      (got[k] * static_cast<double>(k + 2)).sum().backward();
+    }
+    // The sender: one backward for every message.
+    at::Tensor all = waits[0].sum();
+    for (size_t k = 1; k < waits.size(); ++k) all = all + waits[k].sum().to(at::kDouble);
+    all.backward();
+    for (size_t k = 0; k < sent.size(); ++k)
+      EXPECT_EQ(compare(sent[k].grad(), torch::full(shape(k), static_cast<double>(k + 2), types[k])), "")
+          << "message " << k << (oldest_first ? ", receiver oldest first" : ", receiver newest first");
+  }
+}
+
+// Messages of different sizes whose backward the two ranks run in different
+// orders: the gradient that arrives cannot be put right, and the rank that
+// receives it raises (its peer's sends complete), naming the remedy.
+TEST(CommunicatorAdjoint, GradientsOfOtherSizesInAnotherOrderRaise) {
+  if (P() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const Communicator comm = world().dup();
+  const int next = (me() + 1) % P(), prev = (me() - 1 + P()) % P();
+  const at::Tensor small = input_of(95, me(), {2}, at::kDouble).requires_grad_(),
+                   large = input_of(96, me(), {5}, at::kDouble).requires_grad_();
+  auto hs = comm.isend(small, next, 8);
+  auto hl = comm.isend(large, next, 8);
+  const at::Tensor a = comm.recv(torch::zeros({2}, at::kDouble).requires_grad_(), prev, 8);
+  const at::Tensor b = comm.recv(torch::zeros({5}, at::kDouble).requires_grad_(), prev, 8);
+  const at::Tensor ws = comm.wait(hs), wl = comm.wait(hl);
+  a.sum().backward();  // oldest first here, newest first below
+  b.sum().backward();
+  expect_error("adjoints of other sizes in another order", "give each message its own tag",
+               [&] { (ws.sum() + wl.sum()).backward(); });
+}
+
 // ---- Inputs that take no part in the values get zeros (issue 33) -----------
 //
 // mpi4torch gives every dummy of JoinDummies a zeros_like gradient, so a leaf
@@ -665,13 +723,18 @@ TEST(CommunicatorDummies, InputsThatOnlyGiveTheEdgeGetZeros) {
   auto h = comm.isend(a, next, 1);
   at::Tensor b = comm.recv(t, prev, 1);
   comm.wait(h);
+  // The adjoint message: the index of its forward message among those of
+  // its (peer, tag) (int64; the first here), then the gradient.
+  int64_t index = -1;
   at::Tensor adjoint = at::empty({3}, at::kDouble);
-  MPI_Request req;
-  ASSERT_EQ(MPI_Irecv(adjoint.data_ptr(), 3, MPI_DOUBLE, next, 1 + comm.max_tag(), comm.comm(), &req),
+  MPI_Request req[2];
+  ASSERT_EQ(MPI_Irecv(&index, 1, MPI_INT64_T, next, 1 + comm.max_tag(), comm.comm(), &req[0]), MPI_SUCCESS);
+  ASSERT_EQ(MPI_Irecv(adjoint.data_ptr(), 3, MPI_DOUBLE, next, 1 + comm.max_tag(), comm.comm(), &req[1]),
             MPI_SUCCESS);
   (b * 2).sum().backward();
-  mpi::wait(req, "the adjoint's receive");
+  mpi::wait_all(2, req, "the adjoint's receive");
   expect_ok(zero_grad(t, "irecv's t"));
+  EXPECT_EQ(index, 0);
   expect_ok(compare(adjoint, torch::full({3}, 2.0, at::kDouble)));
   // scatter's t off the root (not read there); the root's gets the gather.
   at::Tensor s = input_of(100, me(), {P(), 2}, at::kDouble).requires_grad_();

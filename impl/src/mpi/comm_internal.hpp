@@ -8,9 +8,13 @@
 #include <c10/util/FunctionRef.h>
 #include <mpi.h>
 
+#include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "detail/team_comm.hpp"
@@ -39,6 +43,49 @@ class LastAgreement {
   mutable std::shared_ptr<const void> kept_;
 };
 
+struct Pending;
+
+// The receive of one adjoint message (a header holding the index of the
+// forward message it belongs to, then the gradient), posted by a send's
+// wait's backward into a buffer of that send's shape and dtype.
+struct AdjointSlot {
+  std::shared_ptr<int64_t> header;
+  MPI_Request header_request = MPI_REQUEST_NULL;
+  at::Tensor buffer;
+  MPI_Request request = MPI_REQUEST_NULL;
+  ~AdjointSlot();
+};
+
+// The order of one (peer, tag)'s point-to-point messages on one MPI
+// communicator, which pairs each adjoint message with its forward one
+// (point_to_point.cpp; docs/communicator.md, "Adjoint messages"). The k-th
+// isend to a peer with a tag is that peer's k-th irecv from this rank with
+// it (MPI does not let them overtake each other); a receive's adjoint sends
+// k as a header before the gradient, and the sending rank, which posts its
+// adjoint receives in the order its own backward reaches them, hands each
+// gradient to the send the header names.
+struct AdjointRoute {
+  uint64_t sent = 0, received = 0;  // forward messages so far, each way
+  // This rank's sends whose wait recorded history, by index, until a
+  // header names them.
+  std::map<uint64_t, std::weak_ptr<Pending>> sends;
+  // Adjoint receives posted whose header has not been read, oldest first.
+  std::deque<std::shared_ptr<AdjointSlot>> unread;
+};
+
+// Every (peer, tag)'s route of one MPI communicator, kept as an attribute
+// of it: every Communicator made on that MPI communicator (world() makes a
+// new one each call) shares them, and a freed communicator takes its own.
+struct PointToPointOrder {
+  std::mutex mutex;
+  std::unordered_map<uint64_t, AdjointRoute> routes;  // key: peer << 32 | tag
+  AdjointRoute& route(int peer, int tag) {
+    return routes[static_cast<uint64_t>(static_cast<uint32_t>(peer)) << 32 | static_cast<uint32_t>(tag)];
+  }
+};
+// The order kept on `comm` (made at its first use).
+std::shared_ptr<PointToPointOrder> point_to_point_order(MPI_Comm comm);
+
 struct CommState {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = -1;
@@ -57,6 +104,8 @@ struct CommState {
   // (collectives.cpp), reused by the next while every rank's record is the
   // one it was agreed from.
   LastAgreement last_alltoall;
+  // isend/irecv's message order on `comm` (shared with every state of it).
+  std::shared_ptr<PointToPointOrder> order;
   Group group() const { return {comm, rank, size}; }
 };
 
@@ -75,6 +124,13 @@ struct Pending {
   bool adjoint_waited = false;
   MPI_Request adjoint_request = MPI_REQUEST_NULL;
   at::Tensor adjoint_buffer;
+  // This message's place among the forward messages of its (peer, tag)
+  // each way (AdjointRoute); a receive's adjoint sends it as a header.
+  uint64_t index = 0;
+  MPI_Request adjoint_header_request = MPI_REQUEST_NULL;
+  std::shared_ptr<int64_t> adjoint_header;
+  // A send's: the adjoint receive whose header named it.
+  std::shared_ptr<AdjointSlot> slot;
   // "isend to 1 (tag 0)", written once at start without allocating (the
   // waits name the operation by it).
   char name[64] = {0};

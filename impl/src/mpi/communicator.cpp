@@ -11,6 +11,7 @@
 #include <charconv>
 #include <climits>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 
 #include "comm_internal.hpp"
@@ -23,6 +24,39 @@
 namespace partita::mpi {
 
 using detail::CommState;
+
+namespace detail {
+
+AdjointSlot::~AdjointSlot() {
+  // A receive still posted (never waited on, or given up at a deadline):
+  // MPI may still write into its memory.
+  if (header_request != MPI_REQUEST_NULL || request != MPI_REQUEST_NULL)
+    keep_forever(std::move(header), std::move(buffer));
+}
+
+namespace {
+int g_order_keyval = MPI_KEYVAL_INVALID;
+std::once_flag g_order_once;
+int delete_order(MPI_Comm, int, void* value, void*) {
+  delete static_cast<std::shared_ptr<PointToPointOrder>*>(value);
+  return MPI_SUCCESS;
+}
+}  // namespace
+
+std::shared_ptr<PointToPointOrder> point_to_point_order(MPI_Comm comm) {
+  std::call_once(g_order_once, [] {
+    PARTITA_MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_order, &g_order_keyval, nullptr));
+  });
+  void* value = nullptr;
+  int flag = 0;
+  PARTITA_MPI_CHECK(MPI_Comm_get_attr(comm, g_order_keyval, &value, &flag));
+  if (flag) return *static_cast<std::shared_ptr<PointToPointOrder>*>(value);
+  auto* kept = new std::shared_ptr<PointToPointOrder>(std::make_shared<PointToPointOrder>());
+  PARTITA_MPI_CHECK(MPI_Comm_set_attr(comm, g_order_keyval, kept));
+  return *kept;
+}
+
+}  // namespace detail
 
 namespace {
 std::shared_ptr<CommState> make_comm_state(MPI_Comm comm) {
@@ -37,6 +71,7 @@ std::shared_ptr<CommState> make_comm_state(MPI_Comm comm) {
   int flag = 0;
   MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag);
   s->max_tag = (flag && ub ? *ub : 32767) / 2;
+  s->order = detail::point_to_point_order(comm);
   return s;
 }
 }  // namespace

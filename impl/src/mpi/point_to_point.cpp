@@ -15,6 +15,8 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <cstring>
+#include <mutex>
 #include <sstream>
 
 #include "comm_internal.hpp"
@@ -29,6 +31,7 @@ using namespace detail;
 Pending::~Pending() {
   if (request != MPI_REQUEST_NULL && buffer.defined()) keep_forever(std::move(buffer));
   if (adjoint_request != MPI_REQUEST_NULL && adjoint_buffer.defined()) keep_forever(std::move(adjoint_buffer));
+  if (adjoint_header_request != MPI_REQUEST_NULL && adjoint_header) keep_forever(std::move(adjoint_header));
 }
 
 namespace {
@@ -53,6 +56,61 @@ at::Tensor plain_dummy(const OutputSlot& slot) {
   return d;
 }
 
+// A send's gradient: reads the headers of the adjoint receives of its
+// (peer, tag), oldest first, handing each receive to the send its header
+// names, until one names `p`; then waits for that receive's data. The
+// receive was posted for another send where the two ranks ran their
+// backward in different orders: the same number of bytes is that send's
+// gradient all the same (copied into `p`'s dtype where it differs); any
+// other size raises.
+at::Tensor adjoint_of_send(Pending& p, const std::string& what) {
+  const CommState& s = *p.comm;
+  while (!p.slot) {
+    std::shared_ptr<AdjointSlot> slot;
+    {
+      std::lock_guard<std::mutex> lock(s.order->mutex);
+      auto& unread = s.order->route(p.peer, p.tag).unread;
+      if (unread.empty()) throw Error(what + ": no adjoint message is awaited (its wait's backward did not run)");
+      slot = unread.front();
+    }
+    wait(slot->header_request, what.c_str());
+    std::lock_guard<std::mutex> lock(s.order->mutex);
+    AdjointRoute& route = s.order->route(p.peer, p.tag);
+    route.unread.pop_front();
+    const int64_t k = *slot->header;
+    const auto it = k >= 0 ? route.sends.find(static_cast<uint64_t>(k)) : route.sends.end();
+    const std::shared_ptr<Pending> q = it == route.sends.end() ? nullptr : it->second.lock();
+    if (!q)
+      throw Error(what + ": rank " + std::to_string(p.peer) + " sent the gradient of message " +
+                  std::to_string(k) + " of this (peer, tag), whose wait has no backward on this rank "
+                  "(its result recorded no history, or its graph is gone): the two ranks' graphs "
+                  "disagree about which messages have gradients");
+    route.sends.erase(it);
+    q->slot = std::move(slot);
+  }
+  AdjointSlot& slot = *p.slot;
+  const at::ScalarType type = slot.buffer.scalar_type();
+  const int64_t got = wait_received(slot.request, mpi_datatype(type), what.c_str());
+  int64_t want = static_cast<int64_t>(p.options.dtype().itemsize());
+  for (const int64_t d : p.sizes) want *= d;
+  if (got != slot.buffer.numel() || slot.buffer.nbytes() != static_cast<size_t>(want))
+    throw ShapeError(what + ": the gradient came in " +
+                     (got < 0 ? std::string("more bytes than") : std::to_string(got * slot.buffer.element_size()) + " bytes, not") +
+                     " the " + std::to_string(want) + " of the message's tensor: the two ranks ran the backward of "
+                     "several messages of one (peer, tag) in different orders, and messages of different "
+                     "sizes cannot be told apart in flight; give each message its own tag, or run their "
+                     "backward in one call (docs/communicator.md, \"Adjoint messages\")",
+                     rule_code::kMessageSize);
+  at::Tensor g = std::move(slot.buffer);
+  if (g.scalar_type() != p.options.dtype().toScalarType() || g.sizes() != at::IntArrayRef(p.sizes)) {
+    at::Tensor mine = at::empty(p.sizes, p.options);
+    std::memcpy(mine.data_ptr(), g.data_ptr(), g.nbytes());
+    g = mine;
+  }
+  p.slot.reset();
+  return g;
+}
+
 // Runs after WaitBackward: waits for the adjoint message and returns the
 // input's gradient.
 struct NonBlockingBackward : torch::autograd::Node {
@@ -64,12 +122,18 @@ struct NonBlockingBackward : torch::autograd::Node {
                   "not connected to the loss, so the adjoint message was never started (join "
                   "it with join_dummies, as seed 003 explains)");
     if (p->adjoint_waited) throw Error(p->what() + ": backward ran twice");
-    wait(p->adjoint_request, (p->what() + " adjoint").c_str());
+    const std::string adjoint = p->what() + " adjoint";
+    at::Tensor g;
+    if (p->kind == Pending::kSend) {
+      g = adjoint_of_send(*p, adjoint);
+    } else {
+      wait(p->adjoint_header_request, adjoint.c_str());
+      wait(p->adjoint_request, adjoint.c_str());
+      // A received buffer is overwritten: its gradient is zero (a
+      // zero-stride view, no memory).
+      g = zero_scalar(p->options.dtype().toScalarType()).expand(p->sizes);
+    }
     p->adjoint_waited = true;
-    // A received buffer is overwritten: its gradient is zero (a zero-stride
-    // view, no memory).
-    at::Tensor g = p->kind == Pending::kSend ? p->adjoint_buffer
-                                             : zero_scalar(p->options.dtype().toScalarType()).expand(p->sizes);
     p->adjoint_buffer = at::Tensor();
     return {g};
   }
@@ -85,17 +149,27 @@ struct WaitBackward : torch::autograd::Node {
     const CommState& s = *p->comm;
     const int adjoint_tag = p->tag + s.max_tag;
     if (p->kind == Pending::kSend) {
-      p->adjoint_buffer = at::empty(p->sizes, p->options);
-      PARTITA_MPI_CHECK(MPI_Irecv(p->adjoint_buffer.data_ptr(),
-                                  mpi_count(p->adjoint_buffer.numel(), p->name),
-                                  mpi_datatype(p->adjoint_buffer.scalar_type()), p->peer,
-                                  adjoint_tag, s.comm, &p->adjoint_request));
+      // An adjoint receive of this send's shape, its header first; the
+      // header says which send of this (peer, tag) the gradient is for.
+      auto slot = std::make_shared<AdjointSlot>();
+      slot->header = std::make_shared<int64_t>(-1);
+      slot->buffer = at::empty(p->sizes, p->options);
+      PARTITA_MPI_CHECK(MPI_Irecv(slot->header.get(), 1, MPI_INT64_T, p->peer, adjoint_tag, s.comm,
+                                  &slot->header_request));
+      PARTITA_MPI_CHECK(MPI_Irecv(slot->buffer.data_ptr(), mpi_count(slot->buffer.numel(), p->name),
+                                  mpi_datatype(slot->buffer.scalar_type()), p->peer, adjoint_tag, s.comm,
+                                  &slot->request));
+      std::lock_guard<std::mutex> lock(s.order->mutex);
+      s.order->route(p->peer, p->tag).unread.push_back(std::move(slot));
     } else {
       at::Tensor g = grads.empty() || !grads[0].defined() ? at::zeros(p->sizes, p->options)
                                                            : grads[0];
       // Held until the send is done; the engine does not write into a
       // gradient it does not own alone (AccumulateGrad copies it then).
       p->adjoint_buffer = g.to(p->options.dtype()).contiguous();
+      p->adjoint_header = std::make_shared<int64_t>(static_cast<int64_t>(p->index));
+      PARTITA_MPI_CHECK(MPI_Isend(p->adjoint_header.get(), 1, MPI_INT64_T, p->peer, adjoint_tag, s.comm,
+                                  &p->adjoint_header_request));
       PARTITA_MPI_CHECK(MPI_Isend(p->adjoint_buffer.data_ptr(),
                                   mpi_count(p->adjoint_buffer.numel(), p->name),
                                   mpi_datatype(p->adjoint_buffer.scalar_type()), p->peer,
@@ -160,6 +234,11 @@ WaitHandle start(const std::shared_ptr<CommState>& state, const at::Tensor& t, i
   Record r = make_record(t);
   if (r.status) raise_record(std::string("Communicator::") + call, s.rank, r);
   auto p = std::make_shared<Pending>();
+  {
+    std::lock_guard<std::mutex> lock(s.order->mutex);
+    AdjointRoute& route = s.order->route(peer, tag);
+    p->index = kind == Pending::kSend ? route.sent++ : route.received++;
+  }
   p->kind = kind;
   p->comm = state;
   p->peer = peer;
@@ -284,6 +363,14 @@ at::Tensor Communicator::wait(const WaitHandle& handle) const {
     out = p->buffer.variable_data();
   }
   if (history) {
+    if (p->kind == Pending::kSend) {
+      // Its gradient will come with its index (adjoint_of_send); sends
+      // whose graph is gone are forgotten first.
+      std::lock_guard<std::mutex> lock(s_->order->mutex);
+      auto& sends = s_->order->route(p->peer, p->tag).sends;
+      while (!sends.empty() && sends.begin()->second.expired()) sends.erase(sends.begin());
+      sends.emplace(p->index, p);
+    }
     auto node = std::shared_ptr<WaitBackward>(new WaitBackward(), torch::autograd::deleteNode);
     node->p = p;
     node->set_next_edges(torch::autograd::collect_next_edges(handle.dummy()));
