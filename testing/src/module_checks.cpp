@@ -9,6 +9,7 @@
 
 #include "partita/mpi/runtime.hpp"
 #include "partita/testing/lockstep.hpp"
+#include "exact_zero.hpp"
 
 namespace partita::testing {
 
@@ -181,9 +182,19 @@ std::string check_module_forward(const DistributedModule& m, uint64_t seed, cons
   if (got.size() != want.at(me).size())
     return problem + m.name + " forward: " + std::to_string(got.size()) + " outputs, the twin " +
            std::to_string(want[me].size());
-  for (size_t j = 0; j < got.size(); ++j)
-    append(problem, named(m, "forward (output " + std::to_string(j) + ", " + c10::toString(m.dtype) + ")",
-                     compare(got[j], want[me][j], tol)));
+  for (size_t j = 0; j < got.size(); ++j) {
+    std::string why = compare(got[j], want[me][j], tol);
+    if (why.empty())
+      why = detail::zero_where_exact_is_not(got[j], [&] {
+        at::NoGradGuard no_grad;
+        std::vector<Tensors> x64;
+        for (const auto& x : xs) x64.push_back(detail::in_float64(x));
+        ParameterMap g64;
+        for (const auto& [name, g] : globals) g64[name] = g.to(at::kDouble);
+        return m.twin(x64, g64).at(me).at(j);
+      });
+    append(problem, named(m, "forward (output " + std::to_string(j) + ", " + c10::toString(m.dtype) + ")", why));
+  }
   return problem;
 }
 
@@ -201,27 +212,42 @@ std::string check_module_backward(const DistributedModule& m, uint64_t seed, con
   }
   const auto xs = draw_inputs(m, seed);
 
-  // The twin, differentiated in every rank's inputs and the global parameters.
-  std::vector<Tensors> tx;
-  for (int r = 0; r < p; ++r) tx.push_back(leaves(m, xs[r]));
-  ParameterMap tp;
-  for (const auto& [name, g] : globals) tp[name] = g.detach().clone().requires_grad_(true);
-  const auto touts = m.twin(tx, tp);
-  at::Tensor loss = at::zeros({}, at::kDouble);
-  for (int r = 0; r < p; ++r) {
-    const Tensors v = cotangents(seed, r, touts.at(r), m.dtype);
-    if (is_unused(r)) continue;
-    for (size_t j = 0; j < touts[r].size(); ++j)
-      if (touts[r][j].requires_grad()) loss = loss + (touts[r][j].to(at::kDouble) * v[j].to(at::kDouble)).sum();
-  }
-  std::vector<at::Tensor> wrt;
-  for (size_t j = 0; j < tx[me].size(); ++j)
-    if (is_float_input(m, static_cast<int>(j))) wrt.push_back(tx[me][j]);
-  for (auto& [name, t] : tp) wrt.push_back(t);
-  std::vector<at::Tensor> want(wrt.size());
-  if (loss.requires_grad()) want = torch::autograd::grad({loss}, wrt, {}, false, false, /*allow_unused=*/true);
-  for (size_t i = 0; i < want.size(); ++i)
-    if (!want[i].defined()) want[i] = at::zeros_like(wrt[i]);
+  // The twin, differentiated in this rank's float inputs and the global
+  // parameters (in that order), from every rank's inputs and the global
+  // parameters as given (`in64`: in float64, for the all-zero guard).
+  auto twin_gradients = [&](bool in64) {
+    std::vector<Tensors> tx;
+    for (int r = 0; r < p; ++r) tx.push_back(leaves(m, in64 ? detail::in_float64(xs[r]) : xs[r]));
+    ParameterMap tp;
+    for (const auto& [name, g] : globals)
+      tp[name] = (in64 ? g.to(at::kDouble) : g).detach().clone().requires_grad_(true);
+    const auto touts = m.twin(tx, tp);
+    at::Tensor loss = at::zeros({}, at::kDouble);
+    for (int r = 0; r < p; ++r) {
+      // The cotangents of the dtype's twin, cast where the twin ran in float64.
+      const Tensors v = cotangents(seed, r, touts.at(r), m.dtype);
+      if (is_unused(r)) continue;
+      for (size_t j = 0; j < touts[r].size(); ++j)
+        if (touts[r][j].requires_grad()) loss = loss + (touts[r][j].to(at::kDouble) * v[j].to(at::kDouble)).sum();
+    }
+    std::vector<at::Tensor> wrt;
+    for (size_t j = 0; j < tx[me].size(); ++j)
+      if (is_float_input(m, static_cast<int>(j))) wrt.push_back(tx[me][j]);
+    for (auto& [name, t] : tp) wrt.push_back(t);
+    std::vector<at::Tensor> grads(wrt.size());
+    if (loss.requires_grad()) grads = torch::autograd::grad({loss}, wrt, {}, false, false, /*allow_unused=*/true);
+    for (size_t i = 0; i < grads.size(); ++i)
+      grads[i] = grads[i].defined() ? grads[i].detach() : at::zeros_like(wrt[i]).detach();
+    return grads;
+  };
+  const std::vector<at::Tensor> want = twin_gradients(false);
+  std::vector<at::Tensor> exact;  // twin_gradients(true), when a guard asks
+  auto exact_at = [&](size_t i) {
+    return [&, i] {
+      if (exact.empty()) exact = twin_gradients(true);
+      return exact.at(i);
+    };
+  };
 
   // This rank's module.
   const Tensors x = leaves(m, xs[me]);
@@ -238,23 +264,28 @@ std::string check_module_backward(const DistributedModule& m, uint64_t seed, con
   for (size_t j = 0; j < x.size(); ++j) {
     if (!is_float_input(m, static_cast<int>(j))) continue;
     const at::Tensor g = x[j].grad().defined() ? x[j].grad() : at::zeros_like(x[j]);
-    append(problem, named(m, "gradient of input " + std::to_string(j) + which, compare(g, want[k++].detach(), tol)));
+    std::string why = compare(g, want[k], tol);
+    if (why.empty()) why = detail::zero_where_exact_is_not(g, exact_at(k));
+    ++k;
+    append(problem, named(m, "gradient of input " + std::to_string(j) + which, why));
   }
-  std::map<std::string, at::Tensor> global_grad;
-  for (const auto& [name, t] : tp) global_grad[name] = want[k++].detach();
+  std::map<std::string, size_t> global_grad;  // the parameter's place in `want`
+  for (const auto& [name, t] : globals) global_grad[name] = k++;
   for (const auto& s : shards) {
     const auto it = global_grad.find(s.name);
     if (it == global_grad.end()) continue;  // reported by load()
     at::Tensor want_s;
     try {
-      want_s = box(it->second, s);
+      want_s = box(want[it->second], s);
     } catch (const std::exception&) {
       continue;  // reported by load()
     }
     const at::Tensor g = s.tensor.grad().defined() ? s.tensor.grad() : at::zeros_like(s.tensor);
     std::ostringstream where;
     where << "gradient of '" << s.name << "' " << shape_text(s.tensor.sizes()) << " at " << shape_text(start_of(s)) << which;
-    append(problem, named(m, where.str(), compare(g, want_s, tol)));
+    std::string why = compare(g, want_s, tol);
+    if (why.empty()) why = detail::zero_where_exact_is_not(g, [&] { return box(exact_at(it->second)(), s); });
+    append(problem, named(m, where.str(), why));
   }
   return problem;
 }

@@ -123,6 +123,48 @@ TEST(Checks, EachDtypeIsHeldToItsOwnBound) {
   EXPECT_EQ(agree(check_forward(summed(Bug::float32_off), at::kFloat, 2, Tolerance().float32(1e-2))), "");
 }
 
+// Below 1 the 16-bit bound is absolute (0.24): zeros in place of outputs
+// or gradients near 0.05 pass compare() and fail against the twin in
+// float64; zeros where the exact result is zero (x * 3 - x * 2 - x, which
+// rounds to other values in 16 bits) pass.
+TEST(Checks, SixteenBitZerosFailWhereTheExactResultIsNot) {
+  enum class Wrong { none, zero_output, zero_gradient };
+  auto scaled = [](Wrong wrong) {
+    return DistributedFunction{"scaled",
+                               [wrong](const at::Tensor& x) {
+                                 if (wrong == Wrong::zero_output) return at::zeros_like(x);
+                                 return (wrong == Wrong::zero_gradient ? x.detach() : x) * 0.05;
+                               },
+                               [](const Tensors& xs) {
+                                 Tensors ys;
+                                 for (const auto& x : xs) ys.push_back(x * 0.05);
+                                 return ys;
+                               },
+                               [](int) { return Shape{4, 3}; }};
+  };
+  for (const auto dtype : {at::kBFloat16, at::kHalf}) {
+    const std::string name = c10::toString(dtype);
+    PARTITA_EXPECT_AGREED(check_forward(scaled(Wrong::none), dtype, 3));
+    PARTITA_EXPECT_AGREED(check_backward(scaled(Wrong::none), dtype, 3));
+    EXPECT_EQ(compare(at::zeros({4, 3}, dtype), (rank_input(3, 0, {4, 3}, dtype) * 0.05)), "")
+        << name << ": the absolute bound alone passes zeros (what this test is about)";
+    const std::string zeros = agree(check_forward(scaled(Wrong::zero_output), dtype, 3));
+    EXPECT_NE(zeros.find("all-zero output (the twin's in float64 reaches"), std::string::npos) << name << ": " << zeros;
+    const std::string grads = agree(check_backward(scaled(Wrong::zero_gradient), dtype, 3));
+    EXPECT_NE(grads.find("backward (" + name + "): all-zero output (the twin's in float64"), std::string::npos)
+        << name << ": " << grads;
+    const DistributedFunction vanishing{"vanishing",
+                                        [](const at::Tensor& x) { return at::zeros_like(x) * x; },
+                                        [](const Tensors& xs) {
+                                          Tensors ys;
+                                          for (const auto& x : xs) ys.push_back(x * 3 - x * 2 - x);
+                                          return ys;
+                                        },
+                                        [](int) { return Shape{4, 3}; }};
+    PARTITA_EXPECT_AGREED(check_forward(vanishing, dtype, 3));
+  }
+}
+
 // Tolerance::exact() compares bits: -0.0 is not +0.0, a NaN is the same NaN.
 TEST(Checks, ExactMeansEqualBits) {
   const at::Tensor x = at::linspace(-1, 1, 5, at::kDouble);

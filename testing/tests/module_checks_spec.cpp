@@ -111,6 +111,58 @@ TEST(ModuleChecks, NonFiniteGradientsFail) {
   EXPECT_NE(adj.find("adjoint identity in its parameters: not finite"), std::string::npos) << adj;
 }
 
+// A bfloat16 module y_r = x_r * s_r * 0.05, s sharded one entry per rank:
+// outputs and gradients near 0.05, which the 16-bit bound (absolute below
+// 1) cannot tell from zeros. Zeros in place of its output, its input's
+// gradient or its parameter's gradient fail against the twin in float64.
+TEST(ModuleChecks, SixteenBitZerosFailWhereTheExactResultIsNot) {
+  enum class Wrong { none, zero_output, zero_input_gradient, zero_parameter_gradient };
+  const int me = mpi::world_rank(), p = mpi::world_size();
+  for (const Wrong wrong : {Wrong::none, Wrong::zero_output, Wrong::zero_input_gradient, Wrong::zero_parameter_gradient}) {
+    const at::Tensor s = at::ones({1}, at::kBFloat16).requires_grad_(true);
+    DistributedModule m;
+    m.name = "scaled";
+    m.dtype = at::kBFloat16;
+    m.run = [&](const Tensors& xs) {
+      if (wrong == Wrong::zero_output) return Tensors{at::zeros_like(xs[0])};
+      const at::Tensor x = wrong == Wrong::zero_input_gradient ? xs[0].detach() : xs[0];
+      const at::Tensor w = wrong == Wrong::zero_parameter_gradient ? s.detach() : s;
+      return Tensors{x * w * 0.05};
+    };
+    m.shards = [&] { return std::vector<ParameterShard>{{"s", s, {me}}}; };
+    m.parameters = {{"s", {p}}};
+    m.input_shapes = [](int) { return std::vector<Shape>{{4, 3}}; };
+    m.twin = [](const std::vector<Tensors>& xs, const ParameterMap& g) {
+      std::vector<Tensors> ys;
+      for (size_t r = 0; r < xs.size(); ++r) ys.push_back({xs[r][0] * g.at("s").narrow(0, static_cast<int64_t>(r), 1) * 0.05});
+      return ys;
+    };
+    const std::string forward = agree(check_module_forward(m, 9));
+    const std::string backward = agree(check_module_backward(m, 9));
+    switch (wrong) {
+      case Wrong::none:
+        EXPECT_EQ(forward, "");
+        EXPECT_EQ(backward, "");
+        break;
+      case Wrong::zero_output:
+        EXPECT_NE(forward.find("forward (output 0, BFloat16): all-zero output (the twin's in float64"),
+                  std::string::npos) << forward;
+        break;
+      case Wrong::zero_input_gradient:
+        EXPECT_EQ(forward, "");
+        EXPECT_NE(backward.find("gradient of input 0 (BFloat16): all-zero output (the twin's in float64"),
+                  std::string::npos) << backward;
+        break;
+      case Wrong::zero_parameter_gradient:
+        EXPECT_EQ(forward, "");
+        EXPECT_NE(backward.find("gradient of 's' [1] at [" + std::to_string(me) +
+                                "] (BFloat16): all-zero output (the twin's in float64"),
+                  std::string::npos) << backward;
+        break;
+    }
+  }
+}
+
 // A parameter whose leaf is a transposed tensor, held by rank 0 alone:
 // finite differences perturb its elements in place on rank 0 while the
 // others run the same losses.
