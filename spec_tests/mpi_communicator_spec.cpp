@@ -363,6 +363,47 @@ TEST(CommunicatorForward, BlockingSendRecv) {
   expect_ok(compare(world().wait(r), input_of(42, me(), {2, 3}, at::kInt)));
 }
 
+// What bcast_, an isend's wait and join_dummies return for an input that
+// requires grad is an alias of its storage with history of its own. An
+// in-place change through it changes the input, and a use of the input
+// saved for backward sees it (LibTorch's "modified by an inplace
+// operation"), as through a view; with a version counter of its own the
+// saved use would silently give a wrong gradient.
+TEST(CommunicatorForward, AnAliasChangedInPlaceIsSeenBySavedUsesOfItsInput) {
+  const Communicator comm = world().dup();
+  const int next = (me() + 1) % P(), prev = (me() - 1 + P()) % P();
+  const std::vector<std::pair<std::string, std::function<at::Tensor(const at::Tensor&)>>> calls = {
+      {"bcast_", [&](const at::Tensor& y) { return comm.bcast_(y, 0); }},
+      {"isend's wait",
+       [&](const at::Tensor& y) {
+         auto h = comm.isend(y, next, 5);
+         comm.recv(torch::empty({3}, at::kDouble), prev, 5);
+         return comm.wait(h);
+       }},
+      {"join_dummies",
+       [&](const at::Tensor& y) {
+         return mpi::join_dummies(y, {torch::zeros({1}, at::kDouble).requires_grad_()});
+       }},
+  };
+  for (const auto& [name, call] : calls) {
+    const at::Tensor x = input_of(120, me(), {3}, at::kDouble).requires_grad_();
+    const at::Tensor w = input_of(121, me(), {3}, at::kDouble).requires_grad_();
+    const at::Tensor y = x * 1.0;  // a non-leaf: the calls may change it
+    const at::Tensor alias = call(y);
+    ASSERT_TRUE(alias.requires_grad()) << name;
+    const at::Tensor saved = y * w;  // keeps y for w's gradient
+    alias.mul_(2);
+    std::string raised;
+    try {
+      torch::autograd::grad({saved.sum()}, {w});
+    } catch (const std::exception& e) {
+      raised = e.what();
+    }
+    EXPECT_NE(raised.find("modified by an inplace operation"), std::string::npos)
+        << name << ": " << (raised.empty() ? "nothing raised (w's gradient read the changed values)" : raised);
+  }
+}
+
 // ---- 3. Adjoint identity -----------------------------------------------------------
 
 TEST(CommunicatorAdjoint, DotProductIdentity) {

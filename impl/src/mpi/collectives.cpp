@@ -138,7 +138,7 @@ void check_in_place(Record& r, const at::Tensor& t) {
 // as LibTorch's in-place ops return self): no new TensorImpl.
 at::Tensor inplace_buffer(const at::Tensor& t) {
   at::NoGradGuard no_grad;
-  at::Tensor buf = t.requires_grad() ? t.contiguous().variable_data() : t.contiguous();
+  at::Tensor buf = t.requires_grad() ? alias_of(t.contiguous()) : t.contiguous();
   if (buf.data_ptr() == t.data_ptr() && t.numel() > 0) torch::autograd::impl::bump_version(t);
   return buf;
 }

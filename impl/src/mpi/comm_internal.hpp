@@ -179,6 +179,12 @@ struct Record {
 
 const CommState& state_of(const std::shared_ptr<CommState>& s, const char* what);
 
+// `t`'s storage and version counter without its history (the result of an
+// in-place call, an isend's wait, join_dummies' loopthrough): an in-place
+// change through it is seen by every saved use of `t`, as through a view
+// (variable_data() alone would give it a counter of its own).
+at::Tensor alias_of(const at::Tensor& t);
+
 // The record of `t` with status set by the local checks of dtype and rank.
 Record make_record(const at::Tensor& t);
 // Sets status unless already set: axis in [0, ndim) ...

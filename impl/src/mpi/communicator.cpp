@@ -43,6 +43,12 @@ int delete_order(MPI_Comm, int, void* value, void*) {
 }
 }  // namespace
 
+at::Tensor alias_of(const at::Tensor& t) {
+  at::Tensor a = t.variable_data();
+  torch::autograd::impl::set_version_counter(a, torch::autograd::impl::version_counter(t));
+  return a;
+}
+
 std::shared_ptr<PointToPointOrder> point_to_point_order(MPI_Comm comm) {
   std::call_once(g_order_once, [] {
     PARTITA_MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_order, &g_order_keyval, nullptr));

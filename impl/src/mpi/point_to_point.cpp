@@ -360,7 +360,7 @@ at::Tensor Communicator::wait(const WaitHandle& handle) const {
     out = p->buffer;
   } else {
     at::NoGradGuard no_grad;
-    out = p->buffer.variable_data();
+    out = alias_of(p->buffer);
   }
   if (history) {
     if (p->kind == Pending::kSend) {
@@ -410,7 +410,7 @@ at::Tensor join_dummies(const at::Tensor& loopthrough, const std::vector<at::Ten
   at::Tensor out;
   {
     at::NoGradGuard no_grad;
-    out = loopthrough.variable_data();
+    out = alias_of(loopthrough);
   }
   torch::autograd::set_history(out, node);
   return out;
