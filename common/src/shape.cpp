@@ -30,6 +30,12 @@ std::string list_string(const Ranks& values) {
   return list_string(std::vector<int64_t>(values.begin(), values.end()));
 }
 
+std::string workers_string(const Ranks& workers) {
+  if (workers.size() <= 32) return list_string(workers);
+  const Ranks head(workers.begin(), workers.begin() + 16), tail(workers.end() - 4, workers.end());
+  return list_string(head) + ",...," + list_string(tail) + " (" + std::to_string(workers.size()) + " workers)";
+}
+
 int64_t ravel(const Index& index, const Shape& shape) {
   if (index.size() != shape.size())
     throw Error("ravel: index [" + list_string(index) + "] does not fit shape " +

@@ -20,6 +20,11 @@ std::string shape_string(const Shape& shape);
 // "1,2,3" (for worker lists and indices).
 std::string list_string(const std::vector<int64_t>& values);
 std::string list_string(const Ranks& values);
+// A worker list for a message: list_string() up to 32 workers; beyond, the
+// first 16, "...", the last 4 and the count ("0,1,...,15,...,1048572,...,
+// 1048575 (1048576 workers)"), so that an error about a large partition
+// stays a line.
+std::string workers_string(const Ranks& workers);
 
 // Row-major (C order) rank of an index in a grid of the given shape, and back.
 // docs/design.md, "Rank order of a Cartesian partition": index (i, j, k) of shape (a, b, c) is rank i*b*c + j*c + k.

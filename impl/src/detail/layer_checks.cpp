@@ -120,7 +120,7 @@ void check_blocks_fit(const std::string& layer, const Partition& P_x,
                                           static_cast<int64_t>(i))
                            : header_of(P_x, headers, team[i]).dims[dim]);
     block_counts(lens, row_volume(at::IntArrayRef(first.dims, first.ndim), dim),
-                 layer + " (the team of workers [" + list_string(team) + "])", counts, displs);
+                 layer + " (the team of workers [" + workers_string(team) + "])", counts, displs);
   }
 }
 

@@ -103,7 +103,7 @@ void check_team(const char* what, const Ranks& team, const Shape& shape) {
                            rule_code::kWorkerRange);
     if (!seen.insert(w).second)
       throw PartitionError(std::string(what) + ": worker " + std::to_string(w) +
-                           " listed twice in [" + list_string(team) + "]", rule_code::kWorkerRepeated);
+                           " listed twice in [" + workers_string(team) + "]", rule_code::kWorkerRepeated);
   }
   if (team.empty()) throw PartitionError(std::string(what) + ": empty team", rule_code::kEmptyTeam);
   if (volume(shape) != static_cast<int64_t>(team.size()))
@@ -149,7 +149,7 @@ MPI_Comm Partition::comm() const {
 
 std::string Partition::describe() const {
   if (!s_) return "the null partition";
-  return shape_string(s_->shape) + " on workers [" + list_string(s_->workers) + "]";
+  return shape_string(s_->shape) + " on workers [" + workers_string(s_->workers) + "]";
 }
 
 Partition Partition::create_partition_inclusive(const Ranks& ranks) const {

@@ -41,7 +41,7 @@ Partition::Partition(int world_size, Ranks workers, Shape shape, bool cartesian)
                            " is outside a world of " + std::to_string(world_size_), rule_code::kWorkerRange);
     if (!seen.insert(w).second)
       throw PartitionError("partition: worker " + std::to_string(w) +
-                           " listed twice in [" + list_string(workers_) + "]", rule_code::kWorkerRepeated);
+                           " listed twice in [" + workers_string(workers_) + "]", rule_code::kWorkerRepeated);
   }
   if (volume(shape_) != static_cast<int64_t>(workers_.size()))
     throw PartitionError("partition: shape " + shape_string(shape_) + " does not fit " +
@@ -338,7 +338,7 @@ std::map<int, std::vector<Bytes>> Partition::allgather_data(
 
 std::string Partition::describe() const {
   if (is_null()) return "the null partition";
-  return shape_string(shape_) + " on workers [" + list_string(workers_) + "]";
+  return shape_string(shape_) + " on workers [" + workers_string(workers_) + "]";
 }
 
 }  // namespace partita::reference
