@@ -357,6 +357,18 @@ Case Case::from_json(const json::Value& v, const std::string& source) {
                        " + " + std::to_string(c.right[d]) + ") and global extent " + std::to_string(bulk) +
                        " exceed 2^63");
   }
+  // And the window's volume: no rank's window is larger than the global
+  // extents with both widths, whose product must fit too.
+  if (c.global_shape && !c.left.empty() && !c.right.empty()) {
+    int64_t n = 1;
+    for (size_t d = 0; d < c.global_shape->size(); ++d) {
+      int64_t w = (*c.global_shape)[d];
+      if (d < c.left.size() && d < c.right.size()) w += c.left[d] + c.right[d];  // fits: checked above
+      if (__builtin_mul_overflow(n, w, &n))
+        bad("right", "the halo window's volume (the global extents " + shape_string(*c.global_shape) +
+                         " with the widths left and right) exceeds 2^63");
+    }
+  }
   // An empty object gives no rank a shape and would print as no field at
   // all (case_reader_fuzz, issue 35 item 2).
   if (v.contains("local_shapes") && c.local_shapes.empty())
