@@ -6,11 +6,14 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 
 #include "partita/json.hpp"
 #include "partita/testing/case.hpp"
@@ -142,7 +145,20 @@ LockstepParams lockstep_params() {
   uint64_t p[3] = {config.testParams.seed,
                    static_cast<uint64_t>(config.testParams.maxSuccess),
                    static_cast<uint64_t>(config.testParams.maxSize)};
-  if (const char* n = std::getenv("PARTITA_PROP_CASES")) p[1] = std::strtoull(n, nullptr, 10);
+  // PARTITA_PROP_CASES sets the count unless RC_PARAMS names one, as the
+  // replay line does: a replay draws the failing run's cases whatever the
+  // shell holds. Anything but a whole number from 1 to 10^9 is refused
+  // (strtoull read "lots" as 0 cases: a property that tested nothing).
+  const char* rc_params = std::getenv("RC_PARAMS");
+  const char* n = std::getenv("PARTITA_PROP_CASES");
+  if (n && *n && !(rc_params && std::strstr(rc_params, "max_success="))) {
+    char* end = nullptr;
+    const unsigned long long v = std::isdigit(static_cast<unsigned char>(n[0])) ? std::strtoull(n, &end, 10) : 0;
+    if (!end || *end || v < 1 || v > 1000000000ULL)
+      throw std::invalid_argument(std::string("PARTITA_PROP_CASES: expected a whole number of cases from 1 to 10^9, got \"") +
+                                  n + "\"");
+    p[1] = v;
+  }
   MPI_Request req;
   PARTITA_MPI_CHECK(MPI_Ibcast(p, 3, MPI_UINT64_T, 0, harness_comm(), &req));
   mpi::wait(req, "lockstep_params");

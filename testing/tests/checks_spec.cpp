@@ -3,6 +3,8 @@
 // the kind of bug it is there to catch; the lockstep harness against a
 // function that deadlocks in one case. Every verdict is agreed on every rank.
 #include <gtest/gtest.h>
+
+#include <optional>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -279,6 +281,32 @@ struct RefusedCase {
 std::ostream& operator<<(std::ostream& os, const RefusedCase& c) {
   return os << R"({"primitive": "broadcast", "P_x": {"ranks": [0], "shape": [1]}, "global_shape": [)" << c.value
             << "]}";
+}
+
+// PARTITA_PROP_CASES sets the case count unless RC_PARAMS names one (a
+// replay line does, and replays the failing run's cases whatever the shell
+// holds); a value that is not a count from 1 to 10^9 throws on every rank
+// instead of running no case at all.
+TEST(Lockstep, TheCaseCountFromTheEnvironment) {
+  auto saved = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v ? std::optional<std::string>(v) : std::nullopt;
+  };
+  const auto rc_params = saved("RC_PARAMS"), cases = saved("PARTITA_PROP_CASES");
+  ::unsetenv("RC_PARAMS");
+  ::setenv("PARTITA_PROP_CASES", "7", 1);
+  EXPECT_EQ(lockstep_params().max_success, 7);
+  ::setenv("RC_PARAMS", "seed=1 max_success=3", 1);
+  EXPECT_NE(lockstep_params().max_success, 7) << "PARTITA_PROP_CASES overrode a replay line's max_success";
+  ::unsetenv("RC_PARAMS");
+  for (const char* bad : {"lots", "0", "-3", "12x", "2000000000"}) {
+    ::setenv("PARTITA_PROP_CASES", bad, 1);
+    EXPECT_THROW(lockstep_params(), std::invalid_argument) << bad;
+  }
+  for (const auto& [name, value] : {std::pair{"RC_PARAMS", rc_params}, std::pair{"PARTITA_PROP_CASES", cases}}) {
+    if (value) ::setenv(name, value->c_str(), 1);
+    else ::unsetenv(name);
+  }
 }
 
 TEST(Lockstep, ACaseLineTheReaderRefusesIsSaid) {

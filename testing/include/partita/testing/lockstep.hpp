@@ -65,7 +65,8 @@ struct LockstepParams {
 };
 
 // Reads RC_PARAMS (seed, max_success, max_size) on rank 0 and broadcasts it;
-// PARTITA_PROP_CASES overrides max_success.
+// PARTITA_PROP_CASES (1 to 10^9) sets max_success unless RC_PARAMS names it
+// (a replay line does); another value throws std::invalid_argument.
 LockstepParams lockstep_params();
 
 // argv[0] and the gtest test name go into the replay command.
