@@ -19,6 +19,20 @@
 // nothing. A program that exits normally, with any status, is not "lost":
 // the guard exits with its status.
 //
+// Signals. The program runs in a process group of its own, and every
+// signal of kPassedOn that reaches the guard is passed on to it, once: a
+// signal sent to the guard's pid, and one sent to the guard's process group
+// (MPICH's Hydra signals a rank by killpg; `timeout` signals its child and
+// its own group; a terminal's Ctrl-C reaches the foreground group), reach
+// the program through the guard alone, never also directly, so the program
+// receives each of them exactly once. SIGTSTP stops the program and then
+// the guard, SIGCONT continues both; SIGKILL and SIGSTOP cannot be passed
+// on: a guard ended by SIGKILL ends the program with it (PR_SET_PDEATHSIG),
+// and SIGSTOP stops the guard alone. The passed-on signals are blocked
+// from before the fork until the program's pid is recorded, so that one
+// arriving in between waits and is passed on; the program starts with the
+// guard's signal mask and default dispositions.
+//
 // The world rank comes from the launcher's environment: PMI_RANK (MPICH's
 // Hydra), OMPI_COMM_WORLD_RANK (Open MPI), PMIX_RANK, SLURM_PROCID.
 // No dependency but POSIX and Linux's prctl.
@@ -41,10 +55,22 @@ volatile sig_atomic_t g_passed_on = 0;  // the guard was told to stop and passed
 // Signals a launcher (or a user's Ctrl-C) sends to stop a rank: passed on to
 // the program, which then ends as it would without the guard.
 constexpr int kPassedOn[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM};
+// Job control, passed on too (the program is not in the guard's process
+// group, so a group's SIGTSTP or SIGCONT would not reach it otherwise).
+constexpr int kJobControl[] = {SIGTSTP, SIGCONT};
 
 void pass_on(int sig) {
+  const int saved = errno;
   g_passed_on = 1;
   if (g_child > 0) kill(static_cast<pid_t>(g_child), sig);
+  errno = saved;
+}
+
+void pass_on_job_control(int sig) {
+  const int saved = errno;
+  if (g_child > 0) kill(static_cast<pid_t>(g_child), sig);
+  if (sig == SIGTSTP) raise(SIGSTOP);  // the program stops, then the guard
+  errno = saved;
 }
 
 const char* world_rank() {
@@ -67,6 +93,17 @@ int main(int argc, char** argv) {
   sa.sa_handler = pass_on;
   sigemptyset(&sa.sa_mask);
   for (int sig : kPassedOn) sigaction(sig, &sa, nullptr);
+  sa.sa_handler = pass_on_job_control;
+  for (int sig : kJobControl) sigaction(sig, &sa, nullptr);
+
+  // A signal that arrives between the fork and the moment the guard knows
+  // the program's pid must wait, not be taken and dropped: blocked until
+  // g_child is set, then passed on.
+  sigset_t blocked, mask;
+  sigemptyset(&blocked);
+  for (int sig : kPassedOn) sigaddset(&blocked, sig);
+  for (int sig : kJobControl) sigaddset(&blocked, sig);
+  sigprocmask(SIG_BLOCK, &blocked, &mask);
 
   const pid_t child = fork();
   if (child < 0) {
@@ -78,15 +115,22 @@ int main(int argc, char** argv) {
     // guard by SIGKILL ends the program with it.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != guard) _exit(127);  // the guard is already gone
+    // A process group of its own: a signal to the guard's group reaches
+    // the program only as the guard passes it on.
+    setpgid(0, 0);
     struct sigaction dfl;
     std::memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
     for (int sig : kPassedOn) sigaction(sig, &dfl, nullptr);
+    for (int sig : kJobControl) sigaction(sig, &dfl, nullptr);
+    sigprocmask(SIG_SETMASK, &mask, nullptr);
     execvp(argv[1], argv + 1);
     std::fprintf(stderr, "partita_rank_guard: cannot run %s: %s\n", argv[1], std::strerror(errno));
     _exit(127);
   }
+  setpgid(child, child);  // as the child does, whichever runs first
   g_child = child;
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
 
   int status = 0;
   while (waitpid(child, &status, 0) < 0) {

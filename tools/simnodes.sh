@@ -18,7 +18,7 @@
 # --no-finalize preloads into every rank an MPI_Finalize that skips MPI's
 # shutdown but finalizes the rank's PMI connection, so that the launcher
 # takes its exit status (tools/simnodes_no_finalize.c, compiled with
-# ${CC:-cc} at start): with
+# ${CC:-cc} at start, preloaded as /proc/1/fd/9 whatever $TMPDIR holds): with
 # MPICH 4.0.2 and UCX 1.13, a job whose ranks talk over TCP hangs in
 # MPI_Finalize in some runs, one rank waiting for a peer that already waits
 # in Hydra's final barrier. The exit status is still the program's.
@@ -34,7 +34,8 @@
 #
 # Exit status: COMMAND's (as mpiexec reports it); 255 when a node was lost
 # (its link down: the launcher is ended once no node is left running); 124 when the timeout
-# (default 600 s) ended the job; 77 when namespaces cannot be made here (not
+# (default 600 s) ended the job; 143, 130 or 129 when the launcher was sent
+# SIGTERM, SIGINT or SIGHUP; 77 when namespaces cannot be made here (not
 # root): callers treat that as skipped (ctest's SKIP_RETURN_CODE); 2 for a
 # bad command line.
 #
@@ -44,8 +45,20 @@
 # of a node only: where N x K ranks outnumber the cores and PARTITA_WAIT is
 # unset, it is set to `yield`.
 set -euo pipefail
+# A signal that stops the launcher is taken from its first line on, and
+# passed on by the first stage (below): however early it comes, the job
+# ends and is cleaned up. The second stage sets traps of its own. (Until
+# the job is started, the first stage forks nothing but the check that
+# namespaces can be made: with these traps set, bash 5.2 may spin on a
+# SIGINT that comes while it waits for a command substitution.)
+stop=""
+passed=0
+if [ "${1:-}" != --inside ]; then
+  trap 'stop=TERM; passed=0' TERM
+  trap 'stop=INT; passed=0' INT
+  trap 'stop=HUP; passed=0' HUP
+fi
 
-self_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 nodes=2
 per_node=2
 netns=0
@@ -80,7 +93,9 @@ if [ "$nodes" -lt 1 ] || [ "$nodes" -gt 200 ] || [ "$per_node" -lt 1 ]; then
   echo "simnodes: --nodes must be 1-200 and --ranks-per-node at least 1" >&2; exit 2
 fi
 if [ -z "$mpiexec" ]; then
-  mpiexec="$(command -v mpiexec.mpich || command -v mpiexec || true)"
+  for name in mpiexec.mpich mpiexec; do
+    if hash "$name" 2>/dev/null; then mpiexec="${BASH_CMDS[$name]}"; break; fi
+  done
 fi
 [ -n "$mpiexec" ] || { echo "simnodes: no mpiexec.mpich found (--mpiexec PATH)" >&2; exit 2; }
 
@@ -92,45 +107,78 @@ head_ip() { if [ "$netns" = 1 ]; then echo 10.200.0.1; else echo 127.0.0.1; fi; 
 # First stage: check that namespaces can be made, then run the second stage
 # inside new ones under the timeout.
 if [ "$inside" = 0 ]; then
+  stopped() { case "$stop" in TERM) exit 143 ;; INT) exit 130 ;; HUP) exit 129 ;; esac; }
   ns_flags=(-m -u -i -p)
   [ "$netns" = 1 ] && ns_flags+=(-n)
   if ! unshare "${ns_flags[@]}" -f true 2>/dev/null; then
     echo "simnodes: cannot make namespaces here (unshare ${ns_flags[*]} failed: root is needed); skipped" >&2
     exit 77
   fi
-  for tool in ip nsenter timeout setpriv pgrep; do
+  for tool in ip nsenter timeout setpriv; do
     command -v "$tool" >/dev/null || { echo "simnodes: $tool not found; skipped" >&2; exit 77; }
   done
   args=(--nodes "$nodes" --ranks-per-node "$per_node" --timeout "$timeout_s" --mpiexec "$mpiexec")
   [ "$netns" = 1 ] && args+=(--netns)
   [ "$no_finalize" = 1 ] && args+=(--no-finalize)
-  # unshare blocks SIGTERM and SIGINT while it waits: this script forwards
-  # them to the second stage, whose trap cleans up. Should this script be
-  # killed outright, unshare gets SIGKILL (setpriv --pdeathsig) and the
-  # second stage SIGTERM (--kill-child); and when the second stage, the PID
-  # namespace's first process, ends, the kernel ends every other process of
-  # the job.
+  stopped  # before anything is started
+  # unshare blocks SIGTERM and SIGINT while it waits: this script passes them
+  # (and SIGHUP) on to the second stage as SIGTERM (started in the
+  # background, it ignores SIGINT), whose trap cleans up; the launcher then
+  # ends with the status of the signal it was sent. Should this
+  # script be killed outright, unshare gets SIGKILL (setpriv --pdeathsig) and
+  # the second stage SIGTERM (--kill-child); and when the second stage, the
+  # PID namespace's first process, ends, the kernel ends every other process
+  # of the job.
   setpriv --pdeathsig KILL unshare "${ns_flags[@]}" -f --kill-child=SIGTERM --mount-proc \
     bash "${BASH_SOURCE[0]}" --inside "${args[@]}" -- "$@" &
   child=$!
-  forward() {
-    local inner
-    inner="$(pgrep -P "$child" || true)"
-    if [ -n "$inner" ]; then kill -TERM $inner 2>/dev/null || true; else kill -KILL "$child" 2>/dev/null || true; fi
+  # The second stage is the first process of a PID namespace: the kernel
+  # drops a signal sent to it that it has no handler for, as it has none in
+  # its first milliseconds. So the signal is passed on only once the second
+  # stage takes SIGTERM (its last trap to be set; or ignores it, cleaning
+  # up), and until then it waits here.
+  # (Builtins only, no command substitution: see the traps above.)
+  pass_on() {
+    local kids=() inner key value caught="" ignored=""
+    # unshare's one child (the list ends without a newline)
+    read -r -a kids 2>/dev/null < "/proc/$child/task/$child/children" || true
+    inner="${kids[0]:-}"
+    [ -n "$inner" ] || return 0
+    while read -r key value; do
+      case "$key" in SigCgt:) caught="$value" ;; SigIgn:) ignored="$value" ;; esac
+    done 2>/dev/null < "/proc/$inner/status" || true
+    [ -n "$caught" ] && [ -n "$ignored" ] || return 0
+    if (( ((16#$caught | 16#$ignored) >> 14) & 1 )); then  # bit 14: SIGTERM
+      kill -TERM "$inner" 2>/dev/null || true
+      passed=1
+    fi
   }
-  trap forward TERM INT HUP
   set +e
   while :; do
+    if [ -n "$stop" ] && [ "$passed" = 0 ]; then
+      pass_on
+      if [ "$passed" = 0 ]; then
+        if ! kill -0 "$child" 2>/dev/null; then wait "$child"; status=$?; break; fi
+        sleep 0.02 &
+        wait $!
+        continue
+      fi
+    fi
     wait "$child"
     status=$?
     kill -0 "$child" 2>/dev/null || break
   done
+  # Told to stop, the launcher says so, whatever the second stage's status
+  # (bash 5.2 may end it with 2 when its trap runs while it expands a
+  # command substitution; its cleanup has run all the same).
+  if [ "$passed" = 1 ]; then stopped; fi
   exit "$status"
 fi
 
 # ---------------------------------------------------------------------------
 # Second stage: PID 1 of a PID namespace, in mount, UTS, IPC (and network)
 # namespaces of its own.
+self_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 job=""
 state=""
 made_links=()
@@ -158,15 +206,18 @@ cleanup() {
   # The mount point on the host (nothing of the job was written to it).
   [ -z "$state" ] || rmdir "$state" 2>/dev/null || true
 }
-trap cleanup EXIT
-trap 'exit 143' TERM
+# The first stage passes a signal on once this stage catches SIGTERM: its
+# trap is set after the others, and before the EXIT trap (with which bash
+# catches SIGTERM too, to run it).
 trap 'exit 130' INT
 trap 'exit 129' HUP
+trap 'exit 143' TERM
+trap cleanup EXIT
 
 # A private tmpfs for the job's files, and a private /etc/hosts.
 state="$(mktemp -d "${TMPDIR:-/tmp}/simnodes.XXXXXX")"
+made_mounts+=("$state")  # before the mount: a signal right after it must not leave the mount point busy
 mount -t tmpfs -o size=16m,mode=0755 simnodes "$state"
-made_mounts+=("$state")
 mkdir -p "$state/netns"
 hostname simnodes-head
 {
@@ -219,6 +270,11 @@ fi
 export SIMNODES_STATE="$state"
 if [ "$no_finalize" = 1 ]; then
   "${CC:-cc}" -shared -fPIC -O1 -o "$state/no_finalize.so" "$self_dir/simnodes_no_finalize.c"
+  # LD_PRELOAD splits its list at spaces and colons, which $TMPDIR may hold:
+  # the ranks preload the library through this stage's descriptor 9 on it,
+  # /proc/1/fd/9 (this stage is the first process of their PID namespace,
+  # and keeps the descriptor while the job runs; the job does not inherit it).
+  exec 9<"$state/no_finalize.so"
   # A program built with AddressSanitizer (tools/sanitize.sh) refuses to
   # start unless the sanitizer's runtime comes first among the preloads.
   asan=""
@@ -228,12 +284,12 @@ if [ "$no_finalize" = 1 ]; then
       [ -n "$asan" ] && break
     fi
   done
-  set -- env "LD_PRELOAD=${asan:+$asan:}$state/no_finalize.so${LD_PRELOAD:+:$LD_PRELOAD}" "$@"
+  set -- env "LD_PRELOAD=${asan:+$asan:}/proc/1/fd/9${LD_PRELOAD:+:$LD_PRELOAD}" "$@"
 fi
 
 SECONDS=0
 timeout -k 10 "$timeout_s" "$mpiexec" -launcher ssh -launcher-exec "$self_dir/simnodes-exec.sh" \
-  -hosts "$hosts" -n "$total" "$@" &
+  -hosts "$hosts" -n "$total" "$@" 9<&- &
 job=$!
 # MPICH's launcher waits for a node whose connection is lost until TCP gives
 # up on it (many minutes). Once every node's proxy has ended or been lost
