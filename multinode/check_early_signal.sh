@@ -96,6 +96,18 @@ sigterm_caught() {  # $1: pid; whether its SIGTERM has a handler
 [ "$?" != 77 ] || { echo "check_early_signal: no namespaces here; skipped" >&2; exit 77; }
 
 caught_early=0
+
+# The job ended within 10 s of SIG$2 with its status, and left nothing
+# ($1: the case's name, $3: the job's marker).
+expect_end() {
+  if ! await "$job"; then
+    fail "$1: the launcher still runs 10 s after SIG$2 (the signal was lost)"
+    kill -TERM "$job" 2>/dev/null; await "$job"
+  elif [ "$status" != "$(expected "$2")" ]; then
+    fail "$1: exit status $status, expected $(expected "$2")"
+  fi
+  left_behind "$1" "$3"
+}
 for sig in TERM INT; do
   name="frozen $sig"
   start "$marker-frozen-$sig"
@@ -116,13 +128,7 @@ for sig in TERM INT; do
   kill -s "$sig" "$job"
   sleep 0.5
   kill -CONT "$inner"
-  if ! await "$job"; then
-    fail "$name: the launcher still runs 10 s after SIG$sig (the signal was lost)"
-    kill -TERM "$job" 2>/dev/null; await "$job"
-  elif [ "$status" != "$(expected "$sig")" ]; then
-    fail "$name: exit status $status, expected $(expected "$sig")"
-  fi
-  left_behind "$name" "$marker-frozen-$sig"
+  expect_end "$name" "$sig" "$marker-frozen-$sig"
 done
 
 for delay in 0 0.01 0.03 0.06; do
@@ -131,13 +137,7 @@ for delay in 0 0.01 0.03 0.06; do
     start "$marker-$delay-$sig"
     sleep "$delay"
     kill -s "$sig" "$job"
-    if ! await "$job"; then
-      fail "$name: the launcher still runs 10 s later (the signal was lost)"
-      kill -TERM "$job" 2>/dev/null; await "$job"
-    elif [ "$status" != "$(expected "$sig")" ]; then
-      fail "$name: exit status $status, expected $(expected "$sig")"
-    fi
-    left_behind "$name" "$marker-$delay-$sig"
+    expect_end "$name" "$sig" "$marker-$delay-$sig"
   done
 done
 
