@@ -642,16 +642,19 @@ TEST(CommunicatorMisuse, IsendWhoseWaitIsNotInTheGraph) {
 
 // Three messages of 24 bytes in flight on one (peer, tag) (two of 3
 // float64, one of 6 float32), their receiver's backward run once per
-// message (oldest first, then newest first) and their sender's once for all
-// (the engine runs the newest first): each gradient still reaches the
-// tensor whose message it belongs to (docs/communicator.md, "Adjoint
-// messages"), not another one. Needs a peer: at 1 rank the receiver's
-// backward waits for a send to itself that nothing receives yet.
+// message (oldest first, or newest first) and their sender's once for all
+// (the engine runs the newest first) or once per message, oldest first
+// (its first call then reads gradients meant for the others): each
+// gradient still reaches the tensor whose message it belongs to
+// (docs/communicator.md, "Adjoint messages"), not another one. Needs a
+// peer: at 1 rank the receiver's backward waits for a send to itself that
+// nothing receives yet.
 TEST(CommunicatorAdjoint, GradientsFindTheirMessageWhateverTheBackwardOrder) {
   if (P() < 2) GTEST_SKIP() << "needs 2 ranks";
   const Communicator comm = world().dup();
   const int next = (me() + 1) % P(), prev = (me() - 1 + P()) % P();
-  for (const bool oldest_first : {true, false}) {
+  for (const auto& [oldest_first, sender_per_message] :
+       std::vector<std::pair<bool, bool>>{{true, false}, {false, false}, {false, true}, {true, true}}) {
     std::vector<at::Tensor> sent, got, waits;
     std::vector<mpi::WaitHandle> handles;
     const std::vector<at::ScalarType> types = {at::kDouble, at::kFloat, at::kDouble};
@@ -662,19 +665,28 @@ TEST(CommunicatorAdjoint, GradientsFindTheirMessageWhateverTheBackwardOrder) {
     }
     for (size_t k = 0; k < types.size(); ++k)
       got.push_back(comm.recv(torch::zeros(shape(k), types[k]).requires_grad_(), prev, 7));
-    for (auto& h : handles) waits.push_back(comm.wait(h));
+    // (Waited through another communicator object, of another MPI
+    // communicator, in half the rounds: a send's gradient is awaited on the
+    // communicator it was sent on.)
+    for (auto& h : handles) waits.push_back((sender_per_message ? world() : comm).wait(h));
     // The receiver: a loss per message, message k weighted by k + 2.
     for (size_t i = 0; i < got.size(); ++i) {
       const size_t k = oldest_first ? i : got.size() - 1 - i;
       (got[k] * static_cast<double>(k + 2)).sum().backward();
     }
-    // The sender: one backward for every message.
-    at::Tensor all = waits[0].sum();
-    for (size_t k = 1; k < waits.size(); ++k) all = all + waits[k].sum().to(at::kDouble);
-    all.backward();
+    // The sender: one backward for every message, or one per message,
+    // oldest first.
+    if (sender_per_message) {
+      for (const auto& w : waits) w.sum().backward();
+    } else {
+      at::Tensor all = waits[0].sum();
+      for (size_t k = 1; k < waits.size(); ++k) all = all + waits[k].sum().to(at::kDouble);
+      all.backward();
+    }
     for (size_t k = 0; k < sent.size(); ++k)
       EXPECT_EQ(compare(sent[k].grad(), torch::full(shape(k), static_cast<double>(k + 2), types[k])), "")
-          << "message " << k << (oldest_first ? ", receiver oldest first" : ", receiver newest first");
+          << "message " << k << (oldest_first ? ", receiver oldest first" : ", receiver newest first")
+          << (sender_per_message ? ", sender one backward per message" : ", sender one backward for all");
   }
 }
 

@@ -140,8 +140,20 @@ if [ "$inside" = 0 ]; then
   # (Builtins only, no command substitution: see the traps above.)
   pass_on() {
     local kids=() inner key value caught="" ignored=""
-    # unshare's one child (the list ends without a newline)
-    read -r -a kids 2>/dev/null < "/proc/$child/task/$child/children" || true
+    # unshare's one child (the list ends without a newline); where the
+    # kernel has no children list (CONFIG_PROC_CHILDREN), the process whose
+    # parent it is, from every process's stat line
+    if [ -r "/proc/$child/task/$child/children" ]; then
+      read -r -a kids 2>/dev/null < "/proc/$child/task/$child/children" || true
+    else
+      local stat line rest
+      for stat in /proc/[0-9]*/stat; do
+        read -r line 2>/dev/null < "$stat" || continue
+        rest="${line##*) }"   # after "pid (comm) ": state ppid ...
+        rest="${rest#* }"
+        if [ "${rest%% *}" = "$child" ]; then kids=("${line%% *}"); break; fi
+      done
+    fi
     inner="${kids[0]:-}"
     [ -n "$inner" ] || return 0
     while read -r key value; do

@@ -185,7 +185,7 @@ std::string check_module_forward(const DistributedModule& m, uint64_t seed, cons
   for (size_t j = 0; j < got.size(); ++j) {
     std::string why = compare(got[j], want[me][j], tol);
     if (why.empty())
-      why = detail::zero_where_exact_is_not(got[j], [&] {
+      why = detail::zero_where_exact_is_not(got[j], want[me][j], [&] {
         at::NoGradGuard no_grad;
         std::vector<Tensors> x64;
         for (const auto& x : xs) x64.push_back(detail::in_float64(x));
@@ -265,7 +265,7 @@ std::string check_module_backward(const DistributedModule& m, uint64_t seed, con
     if (!is_float_input(m, static_cast<int>(j))) continue;
     const at::Tensor g = x[j].grad().defined() ? x[j].grad() : at::zeros_like(x[j]);
     std::string why = compare(g, want[k], tol);
-    if (why.empty()) why = detail::zero_where_exact_is_not(g, exact_at(k));
+    if (why.empty()) why = detail::zero_where_exact_is_not(g, want[k], exact_at(k));
     ++k;
     append(problem, named(m, "gradient of input " + std::to_string(j) + which, why));
   }
@@ -284,7 +284,7 @@ std::string check_module_backward(const DistributedModule& m, uint64_t seed, con
     std::ostringstream where;
     where << "gradient of '" << s.name << "' " << shape_text(s.tensor.sizes()) << " at " << shape_text(start_of(s)) << which;
     std::string why = compare(g, want_s, tol);
-    if (why.empty()) why = detail::zero_where_exact_is_not(g, [&] { return box(exact_at(it->second)(), s); });
+    if (why.empty()) why = detail::zero_where_exact_is_not(g, want_s, [&] { return box(exact_at(it->second)(), s); });
     append(problem, named(m, where.str(), why));
   }
   return problem;

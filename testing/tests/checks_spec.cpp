@@ -128,7 +128,8 @@ TEST(Checks, EachDtypeIsHeldToItsOwnBound) {
 // Below 1 the 16-bit bound is absolute (0.24): zeros in place of outputs
 // or gradients near 0.05 pass compare() and fail against the twin in
 // float64; zeros where the exact result is zero (x * 3 - x * 2 - x, which
-// rounds to other values in 16 bits) pass.
+// rounds to other values in 16 bits) pass, and so do zeros that the twin
+// computes in 16 bits too.
 TEST(Checks, SixteenBitZerosFailWhereTheExactResultIsNot) {
   enum class Wrong { none, zero_output, zero_gradient };
   auto scaled = [](Wrong wrong) {
@@ -164,6 +165,17 @@ TEST(Checks, SixteenBitZerosFailWhereTheExactResultIsNot) {
                                         },
                                         [](int) { return Shape{4, 3}; }};
     PARTITA_EXPECT_AGREED(check_forward(vanishing, dtype, 3));
+    // Zeros the obvious 16-bit computation gives too ((x / 20 + 256) - 256
+    // rounds to 0 in 16 bits, not in float64): the layer equals its twin.
+    auto cancelling = [](const at::Tensor& x) { return (x * 0.05 + 256) - 256; };
+    const DistributedFunction rounded_away{"rounded away", cancelling,
+                                           [cancelling](const Tensors& xs) {
+                                             Tensors ys;
+                                             for (const auto& x : xs) ys.push_back(cancelling(x));
+                                             return ys;
+                                           },
+                                           [](int) { return Shape{4, 3}; }};
+    PARTITA_EXPECT_AGREED(check_forward(rounded_away, dtype, 3));
   }
 }
 

@@ -69,6 +69,7 @@ struct AdjointRoute {
   // This rank's sends whose wait recorded history, by index, until a
   // header names them.
   std::map<uint64_t, std::weak_ptr<Pending>> sends;
+  size_t swept_at = 0;  // sends.size() after the last sweep of expired ones
   // Adjoint receives posted whose header has not been read, oldest first.
   std::deque<std::shared_ptr<AdjointSlot>> unread;
 };

@@ -15,6 +15,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <sstream>
@@ -56,6 +57,21 @@ at::Tensor plain_dummy(const OutputSlot& slot) {
   return d;
 }
 
+// Posts an adjoint receive of `p`'s shape on its (peer, tag): the header,
+// then the gradient (the caller holds the order's mutex). The header says
+// which send of this (peer, tag) the gradient is for.
+void post_adjoint_receive(const Pending& p, AdjointRoute& route) {
+  const CommState& s = *p.comm;
+  const int adjoint_tag = p.tag + s.max_tag;
+  auto slot = std::make_shared<AdjointSlot>();
+  slot->header = std::make_shared<int64_t>(-1);
+  slot->buffer = at::empty(p.sizes, p.options);
+  PARTITA_MPI_CHECK(MPI_Irecv(slot->header.get(), 1, MPI_INT64_T, p.peer, adjoint_tag, s.comm, &slot->header_request));
+  PARTITA_MPI_CHECK(MPI_Irecv(slot->buffer.data_ptr(), mpi_count(slot->buffer.numel(), p.name),
+                              mpi_datatype(slot->buffer.scalar_type()), p.peer, adjoint_tag, s.comm, &slot->request));
+  route.unread.push_back(std::move(slot));
+}
+
 // A send's gradient: reads the headers of the adjoint receives of its
 // (peer, tag), oldest first, handing each receive to the send its header
 // names, until one names `p`; then waits for that receive's data. The
@@ -69,9 +85,12 @@ at::Tensor adjoint_of_send(Pending& p, const std::string& what) {
     std::shared_ptr<AdjointSlot> slot;
     {
       std::lock_guard<std::mutex> lock(s.order->mutex);
-      auto& unread = s.order->route(p.peer, p.tag).unread;
-      if (unread.empty()) throw Error(what + ": no adjoint message is awaited (its wait's backward did not run)");
-      slot = unread.front();
+      AdjointRoute& route = s.order->route(p.peer, p.tag);
+      // Every receive posted so far went to other sends (the peer ran their
+      // backward first while this rank ran this one's alone): this send's
+      // gradient is still to come, in the next adjoint message.
+      if (route.unread.empty()) post_adjoint_receive(p, route);
+      slot = route.unread.front();
     }
     wait(slot->header_request, what.c_str());
     std::lock_guard<std::mutex> lock(s.order->mutex);
@@ -95,7 +114,8 @@ at::Tensor adjoint_of_send(Pending& p, const std::string& what) {
   for (const int64_t d : p.sizes) want *= d;
   if (got != slot.buffer.numel() || slot.buffer.nbytes() != static_cast<size_t>(want))
     throw ShapeError(what + ": the gradient came in " +
-                     (got < 0 ? std::string("more bytes than") : std::to_string(got * slot.buffer.element_size()) + " bytes, not") +
+                     (got < 0 ? std::string("more bytes than, or not whole elements of,")
+                              : std::to_string(got * slot.buffer.element_size()) + " bytes, not") +
                      " the " + std::to_string(want) + " of the message's tensor: the two ranks ran the backward of "
                      "several messages of one (peer, tag) in different orders, and messages of different "
                      "sizes cannot be told apart in flight; give each message its own tag, or run their "
@@ -149,18 +169,10 @@ struct WaitBackward : torch::autograd::Node {
     const CommState& s = *p->comm;
     const int adjoint_tag = p->tag + s.max_tag;
     if (p->kind == Pending::kSend) {
-      // An adjoint receive of this send's shape, its header first; the
-      // header says which send of this (peer, tag) the gradient is for.
-      auto slot = std::make_shared<AdjointSlot>();
-      slot->header = std::make_shared<int64_t>(-1);
-      slot->buffer = at::empty(p->sizes, p->options);
-      PARTITA_MPI_CHECK(MPI_Irecv(slot->header.get(), 1, MPI_INT64_T, p->peer, adjoint_tag, s.comm,
-                                  &slot->header_request));
-      PARTITA_MPI_CHECK(MPI_Irecv(slot->buffer.data_ptr(), mpi_count(slot->buffer.numel(), p->name),
-                                  mpi_datatype(slot->buffer.scalar_type()), p->peer, adjoint_tag, s.comm,
-                                  &slot->request));
+      // An adjoint receive of this send's shape, unless another send's
+      // backward already handed this one the receive its gradient came in.
       std::lock_guard<std::mutex> lock(s.order->mutex);
-      s.order->route(p->peer, p->tag).unread.push_back(std::move(slot));
+      if (!p->slot) post_adjoint_receive(*p, s.order->route(p->peer, p->tag));
     } else {
       at::Tensor g = grads.empty() || !grads[0].defined() ? at::zeros(p->sizes, p->options)
                                                            : grads[0];
@@ -364,12 +376,18 @@ at::Tensor Communicator::wait(const WaitHandle& handle) const {
   }
   if (history) {
     if (p->kind == Pending::kSend) {
-      // Its gradient will come with its index (adjoint_of_send); sends
-      // whose graph is gone are forgotten first.
-      std::lock_guard<std::mutex> lock(s_->order->mutex);
-      auto& sends = s_->order->route(p->peer, p->tag).sends;
-      while (!sends.empty() && sends.begin()->second.expired()) sends.erase(sends.begin());
-      sends.emplace(p->index, p);
+      // Its gradient will come with its index (adjoint_of_send), on the
+      // communicator the send was made on; sends whose graph is gone are
+      // forgotten each time the list has doubled.
+      const CommState& sent_on = *p->comm;
+      std::lock_guard<std::mutex> lock(sent_on.order->mutex);
+      AdjointRoute& route = sent_on.order->route(p->peer, p->tag);
+      if (route.sends.size() >= 2 * std::max<size_t>(route.swept_at, 16)) {
+        for (auto it = route.sends.begin(); it != route.sends.end();)
+          it = it->second.expired() ? route.sends.erase(it) : std::next(it);
+        route.swept_at = route.sends.size();
+      }
+      route.sends.emplace(p->index, p);
     }
     auto node = std::shared_ptr<WaitBackward>(new WaitBackward(), torch::autograd::deleteNode);
     node->p = p;
