@@ -24,6 +24,7 @@ set(no_twin
   mpi/peer_check.cpp    # the lost-node probes between ranks' hosts
   mpi/peer_check.hpp
   mpi/buffer_cache.cpp  # MPI's reusable message buffers
+  mpi/env_number.hpp    # the runtime's and the cache's numbers from the environment
   mpi/tensor_data.cpp   # tensors over Partition's byte transport (the reference's
                         # partition.cpp emulates the bytes themselves)
 )
